@@ -1,0 +1,4 @@
+"""ragbudget's application room: settings, generation, prompts, the answer pipeline, API and CLI.
+
+The only package that wires ``retrieval``, ``latency_model`` and ``receipts`` together.
+"""

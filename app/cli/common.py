@@ -1,0 +1,60 @@
+"""Helpers shared by CLI command modules: output, errors, the services container."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from foundation.errors import (
+    AuthError,
+    Busy,
+    IntegrityFailure,
+    InvalidInput,
+    NotFound,
+    RagBudgetError,
+)
+
+# Exit codes, mapped only here (the edge): 0 ok, 1 failure, 2 bad input/usage,
+# 3 not found, 4 a verification failed, 5 busy, 6 auth.
+EXIT_CODES: list[tuple[type[RagBudgetError], int]] = [
+    (InvalidInput, 2),
+    (NotFound, 3),
+    (IntegrityFailure, 4),
+    (Busy, 5),
+    (AuthError, 6),
+    (RagBudgetError, 1),
+]
+
+
+def exit_code_for(exc: RagBudgetError) -> int:
+    """The process exit code for a ragbudget error."""
+    for cls, code in EXIT_CODES:
+        if isinstance(exc, cls):
+            return code
+    return 1
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    """Add the ``--json`` flag every result-printing command has."""
+    parser.add_argument("--json", action="store_true", help="machine-readable JSON output")
+
+
+def emit(args: argparse.Namespace, payload: Any, human: Callable[[Any], str] | None = None) -> None:
+    """Print ``payload`` as JSON (``--json``) or through ``human`` (default: pretty JSON)."""
+    if getattr(args, "json", False) or human is None:
+        print(json.dumps(payload, indent=None if getattr(args, "json", False) else 2,
+                         sort_keys=True, ensure_ascii=False, default=str))
+    else:
+        print(human(payload))
+
+
+def fail(args: argparse.Namespace, exc: RagBudgetError) -> int:
+    """Report ``exc`` on stderr (or as JSON on stdout with ``--json``) and return its exit code."""
+    if getattr(args, "json", False):
+        print(json.dumps({"error": exc.to_dict()}, sort_keys=True, ensure_ascii=False, default=str))
+    else:
+        print(f"error [{exc.code}]: {exc.message}", file=sys.stderr)
+    return exit_code_for(exc)

@@ -1,0 +1,71 @@
+"""Entry point of the ``ragbudget`` console script.
+
+Each command group lives in its own module under ``app.cli`` and exposes
+``register(subparsers)``; every command function takes ``(args, services)``
+and returns an exit code. Errors derived from ``RagBudgetError`` become a
+message and a non-zero exit code (see ``app.cli.common.EXIT_CODES``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from app.cli.common import fail
+from foundation.errors import RagBudgetError
+
+# Command-group modules, in help order. Each has register(subparsers).
+COMMAND_MODULES = [
+    "app.cli.db_cmds",
+    "app.cli.corpus_cmds",
+    "app.cli.retrieve_cmds",
+    "app.cli.latency_cmds",
+    "app.cli.answer_cmds",
+    "app.cli.receipt_cmds",
+    "app.cli.key_cmds",
+    "app.cli.serve_cmds",
+    "app.cli.demo_cmds",
+    "app.cli.sweep_cmds",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (command modules that do not exist yet are skipped)."""
+    parser = argparse.ArgumentParser(
+        prog="ragbudget", description="RAG context-budget advisor with retrieval receipts."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, run the command, return its exit code."""
+    from app.services import Services
+    from app.settings import get_settings
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    services = Services(get_settings())
+    try:
+        return int(args.func(args, services) or 0)
+    except RagBudgetError as exc:
+        return fail(args, exc)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        services.close()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

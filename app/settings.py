@@ -1,0 +1,90 @@
+"""One settings object, built by :func:`get_settings` and injected; never at import time.
+
+Every field can be set from the environment with the ``RAGBUDGET_`` prefix
+(e.g. ``RAGBUDGET_DATABASE_URL``) or a ``.env`` file in the working directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """ragbudget configuration. Units live in the names (``_ms``, ``_bytes``, ``_tokens``)."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGBUDGET_", env_file=".env", extra="ignore")
+
+    # --- storage -----------------------------------------------------------
+    data_dir: Path = Field(Path("ragbudget-data"), description="Where the SQLite file, FAISS "
+                           "index, converted models, profiles and fetched corpora live.")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite file "
+                                     "<data_dir>/ragbudget.db. Production: postgresql+psycopg://...")
+    sqlite_busy_timeout_ms: int = 60_000
+
+    # --- embedder ------------------------------------------------------------
+    embedder_path: str | None = Field(None, description="Local sentence-transformers model "
+                                      "directory; default: the packaged all-MiniLM-L6-v2.")
+    embed_batch_size: int = Field(32, ge=1, le=1024)
+    torch_threads: int = Field(2, ge=1, le=256, description="torch intra-op threads, fixed so "
+                               "embeddings and timings are reproducible.")
+
+    # --- chunking --------------------------------------------------------------
+    chunk_tokens: int = Field(128, ge=8, le=8192, description="Chunk window, generator tokens.")
+    chunk_overlap_tokens: int = Field(16, ge=0, le=8191)
+
+    # --- generator -------------------------------------------------------------
+    generator_backend: Literal["local", "remote"] = "local"
+    generator_path: str | None = Field(None, description="Local Hugging Face model directory; "
+                                       "default: the packaged SmolLM2-135M-Instruct GGUF, "
+                                       "converted once to fp32 safetensors under data_dir.")
+    generator_device: Literal["auto", "cpu", "cuda"] = "auto"
+    generator_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    remote_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. "
+                                        "http://127.0.0.1:8001/v1 (vLLM, SGLang).")
+    remote_model: str | None = None
+    remote_api_key: str | None = None
+    remote_tokenizer: str | None = Field(None, description="Local HF tokenizer directory or a "
+                                         "tiktoken encoding name for the remote model.")
+
+    # --- answers ---------------------------------------------------------------
+    default_ttft_budget_ms: float = Field(1000.0, gt=0)
+    default_max_new_tokens: int = Field(64, ge=1)
+    retrieval_candidates: int = Field(16, ge=1, description="K: candidates retrieved per "
+                                      "question; the planner picks k <= K.")
+    queue_max: int = Field(8, ge=0, description="Answers waiting for the local model; more is 429.")
+
+    # --- limits (HTTP 413/422 with a code) --------------------------------------
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_document_bytes: int = 20 * 1024 * 1024
+    max_question_chars: int = 4000
+    max_k: int = 64
+    max_new_tokens_limit: int = 1024
+    min_budget_ms: float = 1.0
+    max_budget_ms: float = 600_000.0
+    max_batch_documents: int = 5000
+
+    # --- server and access -------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = 8000
+    auth_enabled: bool = True
+    metrics_public: bool = True
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The database URL in force: explicit, else SQLite under ``data_dir``."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'ragbudget.db').resolve()}"
+
+
+def get_settings(**overrides: object) -> Settings:
+    """Build a fresh :class:`Settings` from the environment, with keyword overrides.
+
+    Raises:
+        pydantic.ValidationError: a value is out of range or of the wrong type.
+    """
+    return Settings(**overrides)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""Small shared pieces every room may import: the error tree and hashing."""

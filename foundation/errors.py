@@ -1,0 +1,137 @@
+"""The one error root of ragbudget, and its small tree.
+
+Every error the project raises on purpose derives from :class:`RagBudgetError`
+and carries a stable, machine-readable ``code``. HTTP status codes and CLI exit
+codes are mapped only at the edges (``app.api.errors`` and ``app.cli.main``),
+never here::
+
+    RagBudgetError                      code
+    ├── InvalidInput                    invalid_input        (bad request data)
+    │   ├── EmptyContent                empty_content
+    │   ├── InvalidEncoding             invalid_encoding
+    │   ├── UnsupportedType             unsupported_type
+    │   ├── TooLarge                    too_large
+    │   └── InvalidConfig               invalid_config
+    ├── NotFound                        not_found
+    │   ├── UnknownDocument             unknown_document
+    │   ├── UnknownVersion              unknown_version
+    │   ├── UnknownRevision             unknown_revision
+    │   ├── UnknownReceipt              unknown_receipt
+    │   └── UnknownProfile              unknown_profile
+    ├── Conflict                        conflict             (concurrent writers, retry)
+    ├── Busy                            busy                 (queue full; retry later)
+    ├── AuthError
+    │   ├── Unauthenticated             unauthenticated
+    │   └── Forbidden                   forbidden
+    ├── IntegrityFailure                integrity_failure    (a hash or index does not verify)
+    └── BackendError                    backend_error        (model or remote engine failed)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RagBudgetError(Exception):
+    """Root of every deliberate ragbudget error.
+
+    Attributes:
+        code: stable machine-readable identifier (snake_case), part of the API.
+        message: human-readable explanation.
+        details: optional JSON-serialisable context (e.g. the offending field).
+    """
+
+    code = "ragbudget_error"
+
+    def __init__(self, message: str, *, code: str | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return ``{"code", "message", "details"}`` for APIs and ``--json`` output."""
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+
+class InvalidInput(RagBudgetError):
+    code = "invalid_input"
+
+
+class EmptyContent(InvalidInput):
+    code = "empty_content"
+
+
+class InvalidEncoding(InvalidInput):
+    code = "invalid_encoding"
+
+
+class UnsupportedType(InvalidInput):
+    code = "unsupported_type"
+
+
+class TooLarge(InvalidInput):
+    code = "too_large"
+
+
+class InvalidConfig(InvalidInput):
+    code = "invalid_config"
+
+
+class NotFound(RagBudgetError):
+    code = "not_found"
+
+
+class UnknownDocument(NotFound):
+    code = "unknown_document"
+
+
+class UnknownVersion(NotFound):
+    code = "unknown_version"
+
+
+class UnknownRevision(NotFound):
+    code = "unknown_revision"
+
+
+class UnknownReceipt(NotFound):
+    code = "unknown_receipt"
+
+
+class UnknownProfile(NotFound):
+    code = "unknown_profile"
+
+
+class Conflict(RagBudgetError):
+    code = "conflict"
+
+
+class Busy(RagBudgetError):
+    """A bounded queue is full; ``retry_after_s`` says when to come back."""
+
+    code = "busy"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, **details: Any) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, **details)
+        self.retry_after_s = retry_after_s
+
+
+class AuthError(RagBudgetError):
+    code = "auth_error"
+
+
+class Unauthenticated(AuthError):
+    code = "unauthenticated"
+
+
+class Forbidden(AuthError):
+    code = "forbidden"
+
+
+class IntegrityFailure(RagBudgetError):
+    code = "integrity_failure"
+
+
+class BackendError(RagBudgetError):
+    code = "backend_error"

@@ -1,0 +1,77 @@
+"""Hashing in one place: canonical bytes, algorithm-tagged SHA-256.
+
+Contract (DESIGN.md, "Contracts worth keeping stable"):
+
+* Every hash is written ``sha256:<64 lowercase hex>`` so the algorithm can change.
+* Text is hashed over its normalised UTF-8 bytes (see :func:`normalize_text`).
+* Records are hashed over canonical JSON: sorted keys, no insignificant
+  whitespace, UTF-8, no NaN/Infinity (RFC 8785 in spirit; floats use Python's
+  shortest round-trip ``repr``, which is what RFC 8785 prescribes for doubles).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import unicodedata
+from typing import Any
+
+from foundation.errors import InvalidInput
+
+ALGORITHM = "sha256"
+PREFIX = "sha256:"
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Return ``sha256:<hex>`` of ``data``."""
+    return PREFIX + hashlib.sha256(data).hexdigest()
+
+
+def normalize_text(text: str) -> str:
+    """Normalise text before hashing or chunking.
+
+    Newlines are unified to ``\\n`` (``\\r\\n`` and lone ``\\r``), then Unicode
+    NFC is applied once. Idempotent: ``normalize_text(normalize_text(t)) ==
+    normalize_text(t)``.
+    """
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return unicodedata.normalize("NFC", text)
+
+
+def sha256_text(text: str) -> str:
+    """Return ``sha256:<hex>`` of the UTF-8 bytes of already-normalised ``text``."""
+    return sha256_bytes(text.encode("utf-8"))
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Serialise ``obj`` to canonical JSON bytes.
+
+    Sorted keys, separators ``(",", ":")``, UTF-8 (no ASCII escaping), NaN and
+    infinities rejected.
+
+    Raises:
+        InvalidInput: ``obj`` holds a value JSON cannot represent exactly.
+    """
+    try:
+        return json.dumps(
+            obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"value is not canonical-JSON serialisable: {exc}") from exc
+
+
+def sha256_json(obj: Any) -> str:
+    """Return ``sha256:<hex>`` over :func:`canonical_json` of ``obj``."""
+    return sha256_bytes(canonical_json(obj))
+
+
+def sha256_ints(ids: list[int]) -> str:
+    """Hash a token-id sequence: SHA-256 over canonical JSON of the list of ints."""
+    return sha256_json([int(i) for i in ids])
+
+
+def is_tagged_hash(value: str) -> bool:
+    """True when ``value`` looks like ``sha256:<64 lowercase hex>``."""
+    if not value.startswith(PREFIX) or len(value) != len(PREFIX) + 64:
+        return False
+    return all(c in "0123456789abcdef" for c in value[len(PREFIX):])

@@ -1,0 +1,5 @@
+"""Prefill and decode cost models, fitting, profiles, roofline priors and the TTFT-budget planner.
+
+Pure maths: imports neither ``retrieval`` nor ``receipts``; only ``calibration``
+(at the room's edge) runs a model.
+"""

@@ -1,0 +1,1 @@
+"""Receipt schema, canonical JSON and hashing, the chained log, replay and verification."""

@@ -1,0 +1,39 @@
+"""Receipt tables: the chained log and a document index for "which answers used this document?"."""
+
+from __future__ import annotations
+
+from sqlalchemy import ForeignKey, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from retrieval.db import Base
+from retrieval.models import HASH_LEN
+
+
+class ReceiptRow(Base):
+    """One receipt. ``seq`` is its position in the chain (1, 2, ...).
+
+    ``body`` is the canonical JSON the ``hash`` covers; ``prev_hash`` is the
+    previous receipt's hash (``sha256:0...0`` for the first). ``prev_hash`` is
+    unique, so two writers can never both extend the same head: the chain
+    cannot fork.
+    """
+
+    __tablename__ = "receipts"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[str] = mapped_column(String(40), index=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    prev_hash: Mapped[str] = mapped_column(String(HASH_LEN), unique=True)
+    hash: Mapped[str] = mapped_column(String(HASH_LEN), unique=True)
+    body: Mapped[str] = mapped_column(Text)
+
+
+class ReceiptDocument(Base):
+    """A document version a receipt's candidates came from (for filtering receipts)."""
+
+    __tablename__ = "receipt_documents"
+
+    receipt_seq: Mapped[int] = mapped_column(ForeignKey("receipts.seq"), primary_key=True)
+    document_id: Mapped[str] = mapped_column(String(1024), primary_key=True, index=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -1,0 +1,4 @@
+"""Document store, chunking, embedding, FAISS index and retriever.
+
+Knows nothing of HTTP or generation.
+"""
