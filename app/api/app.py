@@ -12,6 +12,7 @@ import logging
 from fastapi import FastAPI
 
 from app.api.errors import install_error_handlers
+from app.pipeline import AnswerPipeline
 from app.services import Services
 from app.settings import Settings, get_settings
 
@@ -26,6 +27,7 @@ ROUTER_MODULES = [
     "app.api.routes_chat",
     "app.api.routes_receipts",
     "app.api.routes_keys",
+    "app.api.routes_metrics",
 ]
 
 
@@ -35,6 +37,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app = FastAPI(title="ragbudget", version="0.1.0",
                   description="RAG context-budget advisor with retrieval receipts.")
     app.state.services = services
+    app.state.pipeline = AnswerPipeline(services)
     install_error_handlers(app)
     for name in ROUTER_MODULES:
         try:

@@ -1,0 +1,126 @@
+"""Answer and advise routes: ``POST /v1/answer``, ``POST /v1/advise``, ``GET /v1/advise/curve``."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, Field
+
+from app.api.deps import require_role
+from app.api.streaming import iterate_in_thread
+from app.pipeline import AnswerEvent, AnswerPipeline, AnswerRequest
+
+router = APIRouter(tags=["answers"])
+
+
+def get_pipeline(request: Request) -> AnswerPipeline:
+    """The app's answer pipeline (one per app: one queue, one metrics registry)."""
+    return request.app.state.pipeline  # type: ignore[no-any-return]
+
+
+class AnswerCreate(BaseModel):
+    """An answer request. ``ttft_budget_ms`` defaults to the configured budget."""
+
+    question: str = Field(..., min_length=1, max_length=100_000)
+    ttft_budget_ms: float | None = Field(None, description="TTFT budget in ms (>0)")
+    max_new_tokens: int | None = Field(None, ge=1)
+    revision: int | None = Field(None, ge=1)
+    k_max: int | None = Field(None, ge=0)
+    stream: bool = False
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+
+    def to_request(self) -> AnswerRequest:
+        return AnswerRequest(question=self.question, ttft_budget_ms=self.ttft_budget_ms,
+                             max_new_tokens=self.max_new_tokens, revision=self.revision,
+                             k_max=self.k_max, temperature=self.temperature, top_p=self.top_p,
+                             seed=self.seed)
+
+
+class AdviseCreate(BaseModel):
+    """An advise request: retrieve and plan, no generation."""
+
+    question: str = Field(..., min_length=1, max_length=100_000)
+    ttft_budget_ms: float = Field(..., description="TTFT budget in ms (>0)")
+    revision: int | None = Field(None, ge=1)
+    k_max: int | None = Field(None, ge=0)
+    max_new_tokens: int | None = Field(None, ge=1)
+
+
+def sse(event: str, data: Any) -> bytes:
+    """One server-sent event (``event:`` line + one ``data:`` line of JSON)."""
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False, default=str)}\n\n".encode()
+
+
+@router.post("/v1/answer", dependencies=[Depends(require_role("copilot"))])
+async def answer(body: AnswerCreate, request: Request,
+                 pipeline: AnswerPipeline = Depends(get_pipeline)) -> Any:
+    """Retrieve, plan for the TTFT budget, generate, write a receipt.
+
+    Non-streaming: JSON summary with ``text``, ``chosen_k``, ``citations``,
+    ``predicted`` (p50/p95 TTFT ms, profile id and source), ``timings``
+    (queue_ms, ttft_ms, tpot_ms, retrieval_ms), ``tokens`` and ``receipt_id``.
+    Streaming (``stream: true``): ``text/event-stream`` of ``token`` events
+    (``{"text"}``), then one ``final`` event with the same summary (or an
+    ``error`` event when generation failed mid-way), then ``data: [DONE]``.
+
+    Errors: 422 bad input (codes ``empty_question``, ``invalid_budget``, ...),
+    404 ``unknown_revision``, 429 ``busy`` with Retry-After.
+    """
+    arrival = time.perf_counter()
+    cancel = threading.Event()
+    req = body.to_request()
+    events = iterate_in_thread(lambda: pipeline.stream(req, cancel=cancel, arrival_t=arrival),
+                               cancel, request)
+    first: AnswerEvent = await events.__anext__()  # validation errors raise here -> 4xx
+    if not body.stream:
+        final = first
+        async for ev in events:
+            final = ev
+        return JSONResponse(final.summary, status_code=200)
+
+    async def gen() -> AsyncIterator[bytes]:
+        ev: AnswerEvent | None = first
+        try:
+            while ev is not None:
+                if ev.kind == "token":
+                    yield sse("token", {"text": ev.text})
+                else:
+                    yield sse(ev.kind, ev.summary)
+                ev = await anext(events, None)
+        except Exception as exc:  # never a silent cut
+            yield sse("error", {"code": getattr(exc, "code", "internal_error"), "message": str(exc)})
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(gen(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.post("/v1/advise", dependencies=[Depends(require_role("copilot"))])
+def advise(body: AdviseCreate, pipeline: AnswerPipeline = Depends(get_pipeline)) -> dict[str, Any]:
+    """Retrieve and plan: the per-k table (prompt/cached/computed tokens, predicted TTFT p50/p95,
+    fits budget, fits context), the chosen k with its binding reason, and the profile used
+    (``source``: fitted or prior). Errors: 422 ``invalid_budget`` / ``empty_question``, 404."""
+    return pipeline.advise(AnswerRequest(question=body.question, ttft_budget_ms=body.ttft_budget_ms,
+                                         revision=body.revision, k_max=body.k_max,
+                                         max_new_tokens=body.max_new_tokens))
+
+
+@router.get("/v1/advise/curve", dependencies=[Depends(require_role("copilot"))])
+def advise_curve(question: str = Query(..., min_length=1, max_length=100_000),
+                 ttft_budget_ms: float | None = Query(None),
+                 k_max: int | None = Query(None, ge=0), revision: int | None = Query(None, ge=1),
+                 pipeline: AnswerPipeline = Depends(get_pipeline)) -> dict[str, Any]:
+    """The per-k curve for a user interface: same rows as ``/v1/advise``, budget optional."""
+    out = pipeline.advise(AnswerRequest(question=question, ttft_budget_ms=ttft_budget_ms,
+                                        revision=revision, k_max=k_max))
+    return {"question": out["question"], "ttft_budget_ms": out["ttft_budget_ms"],
+            "revision": out["revision"], "profile": out["profile"], "rows": out["plan"].get("rows", []),
+            "chosen_k": out["plan"].get("chosen_k"), "binding": out["plan"].get("binding")}

@@ -1,0 +1,161 @@
+"""OpenAI-compatible ``POST /v1/chat/completions`` with the RAG pipeline on the last user message.
+
+Follows the OpenAI Chat Completions wire format (stream and non-stream,
+``stream_options.include_usage``) so the official ``openai`` client works
+unmodified. Extras: the TTFT budget as body field ``ttft_budget_ms`` or header
+``X-TTFT-Budget-Ms`` (default: settings), and the answer's receipt id in the
+``ragbudget`` field of the response / final chunk and the
+``X-Ragbudget-Receipt-Id`` header (non-streaming).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.api.deps import require_role
+from app.api.routes_answer import get_pipeline
+from app.api.streaming import iterate_in_thread
+from app.pipeline import AnswerEvent, AnswerPipeline, AnswerRequest
+from foundation.errors import InvalidInput
+
+router = APIRouter(tags=["openai"])
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionCreate(BaseModel):
+    """The subset of the OpenAI request ragbudget honours; unknown fields are ignored."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str = "ragbudget"
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    ttft_budget_ms: float | None = None
+    revision: int | None = Field(None, ge=1)
+
+
+def last_user_text(messages: list[ChatMessage]) -> str:
+    """The text of the last ``user`` message (text parts joined).
+
+    Raises:
+        InvalidInput (``no_user_message``): there is no user message with text.
+    """
+    for m in reversed(messages):
+        if m.role != "user":
+            continue
+        if isinstance(m.content, str):
+            return m.content
+        if isinstance(m.content, list):
+            return "".join(str(p.get("text", "")) for p in m.content if p.get("type") == "text")
+    raise InvalidInput("no user message with text content", code="no_user_message")
+
+
+def _usage(summary: dict[str, Any]) -> dict[str, Any]:
+    tok = summary.get("tokens", {})
+    p, o = int(tok.get("prompt") or 0), int(tok.get("output") or 0)
+    return {"prompt_tokens": p, "completion_tokens": o, "total_tokens": p + o,
+            "prompt_tokens_details": {"cached_tokens": int(tok.get("cached") or 0)}}
+
+
+def _extra(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: summary.get(k) for k in ("receipt_id", "chosen_k", "binding", "predicted", "timings",
+                                        "citations", "status", "revision", "ttft_budget_ms")}
+
+
+def _finish_reason(summary: dict[str, Any], max_new: int) -> str:
+    if summary.get("status") != "ok":
+        return "stop"
+    return "length" if int(summary.get("tokens", {}).get("output") or 0) >= max_new else "stop"
+
+
+@router.post("/v1/chat/completions", dependencies=[Depends(require_role("copilot"))])
+async def chat_completions(body: ChatCompletionCreate, request: Request,
+                           x_ttft_budget_ms: float | None = Header(None),
+                           pipeline: AnswerPipeline = Depends(get_pipeline)) -> Any:
+    """OpenAI chat completion answered by the RAG pipeline (see module docstring).
+
+    Errors: 422 (``no_user_message``, ``invalid_budget``, ...), 429 ``busy``.
+    """
+    arrival = time.perf_counter()
+    settings = pipeline.settings
+    max_new = body.max_completion_tokens or body.max_tokens or settings.default_max_new_tokens
+    budget = body.ttft_budget_ms if body.ttft_budget_ms is not None else x_ttft_budget_ms
+    req = AnswerRequest(question=last_user_text(body.messages), ttft_budget_ms=budget,
+                        max_new_tokens=max_new, revision=body.revision,
+                        temperature=body.temperature or 0.0,
+                        top_p=body.top_p if body.top_p is not None else 1.0, seed=body.seed)
+    cid = "chatcmpl-" + uuid.uuid4().hex
+    created = int(time.time())
+    cancel = threading.Event()
+    events = iterate_in_thread(lambda: pipeline.stream(req, cancel=cancel, arrival_t=arrival),
+                               cancel, request)
+    first: AnswerEvent = await events.__anext__()
+
+    if not body.stream:
+        final = first
+        async for ev in events:
+            final = ev
+        s = final.summary or {}
+        resp = {"id": cid, "object": "chat.completion", "created": created, "model": body.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": s.get("text", "")},
+                             "finish_reason": _finish_reason(s, max_new), "logprobs": None}],
+                "usage": _usage(s), "ragbudget": _extra(s)}
+        headers = {"X-Ragbudget-Receipt-Id": str(s.get("receipt_id") or "")}
+        return JSONResponse(resp, headers=headers)
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": body.model,
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+        obj.update(extra)
+        return f"data: {json.dumps(obj, ensure_ascii=False, default=str)}\n\n".encode()
+
+    async def gen() -> AsyncIterator[bytes]:
+        yield chunk({"role": "assistant", "content": ""})
+        ev: AnswerEvent | None = first
+        try:
+            while ev is not None:
+                if ev.kind == "token":
+                    yield chunk({"content": ev.text})
+                else:
+                    s = ev.summary or {}
+                    if ev.kind == "error":
+                        err = {"error": {"code": "generation_failed", "message": str(s.get("error"))}}
+                        yield f"data: {json.dumps(err)}\n\n".encode()
+                    yield chunk({}, _finish_reason(s, max_new), ragbudget=_extra(s))
+                    if include_usage:
+                        usage = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                                 "model": body.model, "choices": [], "usage": _usage(s)}
+                        yield f"data: {json.dumps(usage)}\n\n".encode()
+                ev = await anext(events, None)
+        except Exception as exc:  # never a silent cut
+            err = {"error": {"code": getattr(exc, "code", "internal_error"), "message": str(exc)}}
+            yield f"data: {json.dumps(err)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(gen(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

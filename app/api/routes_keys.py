@@ -1,0 +1,50 @@
+"""API key management: ``POST /v1/keys``, ``GET /v1/keys``, ``DELETE /v1/keys/{id}`` (admin)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, Field
+
+from app.api.deps import get_services, require_role
+from app.auth import create_key, list_keys, revoke_key
+from app.services import Services
+
+router = APIRouter(tags=["keys"], dependencies=[Depends(require_role("admin"))])
+
+
+class KeyCreate(BaseModel):
+    role: Literal["copilot", "operator", "admin"]
+    name: str = Field("", max_length=128)
+
+
+class KeyPublic(BaseModel):
+    id: str
+    name: str
+    role: str
+    created_at: str | None = None
+    revoked_at: str | None = None
+
+
+class KeyCreated(KeyPublic):
+    key: str = Field(..., description="The full key; shown once, never stored")
+
+
+@router.post("/v1/keys", response_model=KeyCreated, status_code=201)
+def create(body: KeyCreate, services: Services = Depends(get_services)) -> KeyCreated:
+    """Create a key; the response holds the full key, shown this once. 422 on an unknown role."""
+    principal, key = create_key(services.engine, body.role, body.name)
+    return KeyCreated(id=principal.id, name=principal.name, role=principal.role, key=key)
+
+
+@router.get("/v1/keys", response_model=list[KeyPublic])
+def list_(services: Services = Depends(get_services)) -> list[KeyPublic]:
+    """All keys (id, name, role, created_at, revoked_at); never secrets or hashes."""
+    return [KeyPublic(**k) for k in list_keys(services.engine)]  # type: ignore[arg-type]
+
+
+@router.delete("/v1/keys/{key_id}", status_code=204)
+def revoke(key_id: str, services: Services = Depends(get_services)) -> None:
+    """Revoke a key (idempotent). 404 ``unknown_key``."""
+    revoke_key(services.engine, key_id)

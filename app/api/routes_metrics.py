@@ -1,0 +1,23 @@
+"""``GET /metrics``: Prometheus text format (open unless ``metrics_public`` is false)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from app.api.deps import get_principal, get_services
+from app.auth import require
+from app.services import Services
+
+router = APIRouter(tags=["metrics"])
+
+
+@router.get("/metrics", response_class=Response)
+def metrics(request: Request, services: Services = Depends(get_services)) -> Response:
+    """Histograms (ms) of TTFT, TPOT, queue and retrieval time; counters of answers by status,
+    budget misses and prompt/cached/computed tokens. Needs role operator unless
+    ``RAGBUDGET_METRICS_PUBLIC`` is true (default)."""
+    if not services.settings.metrics_public:
+        require(get_principal(request, services), "operator")
+    return Response(request.app.state.pipeline.metrics.render(), media_type=CONTENT_TYPE_LATEST)

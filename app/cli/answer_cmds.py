@@ -1,0 +1,98 @@
+"""``ragbudget ask`` (stream an answer) and ``ragbudget advise`` (plan only)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from typing import Any
+
+from app.cli.common import add_json_flag, emit
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    a = sub.add_parser("ask", help="answer a question within a TTFT budget, streamed")
+    a.add_argument("question")
+    a.add_argument("--budget-ms", type=float, default=None, help="TTFT budget in ms")
+    a.add_argument("--max-new-tokens", type=int, default=None)
+    a.add_argument("--revision", type=int, default=None)
+    a.add_argument("--k-max", type=int, default=None)
+    add_json_flag(a)
+    a.set_defaults(func=cmd_ask)
+    d = sub.add_parser("advise", help="how many chunks fit the TTFT budget (no generation)")
+    d.add_argument("question")
+    d.add_argument("--budget-ms", type=float, required=True, help="TTFT budget in ms")
+    d.add_argument("--revision", type=int, default=None)
+    d.add_argument("--k-max", type=int, default=None)
+    d.add_argument("--max-new-tokens", type=int, default=None)
+    add_json_flag(d)
+    d.set_defaults(func=cmd_advise)
+
+
+def _fmt(v: Any, unit: str = " ms") -> str:
+    return "-" if v is None else f"{v:.0f}{unit}"
+
+
+def render_summary(s: dict[str, Any]) -> str:
+    """The few lines printed under a streamed answer."""
+    p, t, tok = s["predicted"], s["timings"], s["tokens"]
+    cites = ", ".join(f"[{i + 1}] {c['document_id']} v{c['version']}" for i, c in enumerate(s["citations"]))
+    return "\n".join([
+        f"status {s['status']} | k={s['chosen_k']} ({s['binding']}) | budget {_fmt(s['ttft_budget_ms'])}",
+        f"TTFT predicted p50 {_fmt(p['ttft_p50_ms'])} / p95 {_fmt(p['ttft_p95_ms'])} "
+        f"[{p['profile_source']} profile] | measured {_fmt(t['ttft_ms'])} "
+        f"(queue {_fmt(t['queue_ms'])}, retrieval {_fmt(t['retrieval_ms'])}) | TPOT {_fmt(t['tpot_ms'])}",
+        f"tokens: prompt {tok['prompt']} (cached {tok['cached']}, computed {tok['computed']}), "
+        f"output {tok['output']}",
+        f"sources: {cites or '(none)'}",
+        f"receipt: {s['receipt_id']}",
+    ])
+
+
+def cmd_ask(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyped-def]
+    from app.pipeline import AnswerPipeline, AnswerRequest
+
+    pipeline = AnswerPipeline(services)
+    req = AnswerRequest(question=args.question, ttft_budget_ms=args.budget_ms,
+                        max_new_tokens=args.max_new_tokens, revision=args.revision, k_max=args.k_max)
+    cancel = threading.Event()
+    summary: dict[str, Any] = {}
+    try:
+        for ev in pipeline.stream(req, cancel=cancel):
+            if ev.kind == "token" and not args.json:
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+            elif ev.summary is not None:
+                summary = ev.summary
+    except KeyboardInterrupt:
+        cancel.set()
+        raise
+    if not args.json:
+        print("\n")
+    emit(args, summary, render_summary)
+    return 0 if summary.get("status") == "ok" else 1
+
+
+def cmd_advise(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyped-def]
+    from app.pipeline import AnswerPipeline, AnswerRequest
+
+    out = AnswerPipeline(services).advise(AnswerRequest(
+        question=args.question, ttft_budget_ms=args.budget_ms, revision=args.revision,
+        k_max=args.k_max, max_new_tokens=args.max_new_tokens))
+
+    def human(o: dict[str, Any]) -> str:
+        plan = o["plan"]
+        lines = [f"budget {o['ttft_budget_ms']:.0f} ms, revision {o['revision']}, profile "
+                 f"{o['profile']['id'][:19]} ({o['profile']['source']})",
+                 f"{'k':>3} {'prompt':>7} {'cached':>7} {'computed':>8} {'p50 ms':>8} {'p95 ms':>8}  fits"]
+        for r in plan["rows"]:
+            mark = " <- chosen" if r["k"] == plan["chosen_k"] else ""
+            fits = "yes" if r["fits_budget"] and r["fits_context"] else "no"
+            lines.append(f"{r['k']:>3} {r['prompt_tokens']:>7} {r['cached_tokens']:>7} "
+                         f"{r['computed_tokens']:>8} {r['ttft_p50_ms']:>8.0f} {r['ttft_p95_ms']:>8.0f}  "
+                         f"{fits}{mark}")
+        lines.append(f"chosen k = {plan['chosen_k']} (binding: {plan['binding']})")
+        return "\n".join(lines)
+
+    emit(args, out, human)
+    return 0

@@ -1,0 +1,55 @@
+"""Prometheus metrics for answers (text exposition format at ``GET /metrics``).
+
+Histograms of TTFT, TPOT, queue and retrieval time (ms); counters of answers by
+status, budget misses (measured TTFT > budget) and prompt, cached and computed
+tokens. One registry per :class:`AnswerMetrics` so tests and apps stay apart.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+# Buckets in ms: 1 ms .. 60 s, roughly x2 apart.
+MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000, 1500, 2000, 3000, 5000,
+              10000, 20000, 60000)
+
+
+class AnswerMetrics:
+    """The answer metrics of one app instance."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("ragbudget_ttft_ms", "Time to first token (ms), queue included",
+                              buckets=MS_BUCKETS, registry=r)
+        self.tpot = Histogram("ragbudget_tpot_ms", "Mean time per output token after the first (ms)",
+                              buckets=MS_BUCKETS, registry=r)
+        self.queue = Histogram("ragbudget_queue_ms", "Wait for the model (ms)",
+                               buckets=MS_BUCKETS, registry=r)
+        self.retrieval = Histogram("ragbudget_retrieval_ms", "Retrieval time (ms)",
+                                   buckets=MS_BUCKETS, registry=r)
+        self.answers = Counter("ragbudget_answers", "Answers by status", ["status"], registry=r)
+        self.budget_misses = Counter("ragbudget_budget_misses",
+                                     "Answers whose measured TTFT exceeded the budget", registry=r)
+        self.tokens = Counter("ragbudget_prompt_tokens", "Prompt tokens by kind (total, cached, computed)",
+                              ["kind"], registry=r)
+
+    def observe(self, summary: dict) -> None:
+        """Record one finished answer from its summary dict (keys as in the answer response)."""
+        self.answers.labels(status=summary.get("status", "ok")).inc()
+        t = summary.get("timings", {})
+        for hist, key in ((self.ttft, "ttft_ms"), (self.tpot, "tpot_ms"),
+                          (self.queue, "queue_ms"), (self.retrieval, "retrieval_ms")):
+            if t.get(key) is not None:
+                hist.observe(float(t[key]))
+        budget = summary.get("ttft_budget_ms")
+        if t.get("ttft_ms") is not None and budget is not None and t["ttft_ms"] > budget:
+            self.budget_misses.inc()
+        tok = summary.get("tokens", {})
+        for kind in ("prompt", "cached", "computed"):
+            if tok.get(kind) is not None:
+                self.tokens.labels(kind=kind).inc(int(tok[kind]))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this registry."""
+        return generate_latest(self.registry)

@@ -1,0 +1,345 @@
+"""The answer pipeline: retrieve -> plan -> assemble -> generate -> receipt.
+
+Timing definitions (vLLM's benchmark conventions, DESIGN.md):
+
+* ``queue_ms``: wait for the model (the bounded FIFO in :mod:`app.genqueue`).
+* ``ttft_ms``: request arrival to the first generated token with non-empty
+  text, queue and retrieval included.
+* ``tpot_ms``: mean gap between later tokens, ``(t_last - t_first) / (n - 1)``.
+* ``retrieval_ms``: query embedding + search + fetch.
+
+Every answer (ok, cancelled or failed after the pipeline started) writes
+exactly one receipt (:func:`receipts.chain.append_receipt`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.genqueue import Cancelled, GenerationQueue
+from app.metrics import AnswerMetrics
+from app.services import Services
+from app.validation import check_budget, check_k, check_max_new_tokens, check_question
+from foundation.errors import RagBudgetError
+from foundation.hashing import sha256_ints, sha256_text
+
+log = logging.getLogger("ragbudget.pipeline")
+
+
+@dataclass
+class AnswerRequest:
+    """One question with its TTFT budget. ``revision`` None: the latest revision."""
+
+    question: str
+    ttft_budget_ms: float | None = None
+    max_new_tokens: int | None = None
+    revision: int | None = None
+    k_max: int | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass
+class Prepared:
+    """Everything decided before generation: retrieval, plan, prompt."""
+
+    request: AnswerRequest
+    budget_ms: float
+    max_new_tokens: int
+    retrieval: Any
+    plan: Any
+    prompt: Any
+    full_prompt: Any
+    profile: Any
+    scaffold: Any
+    scaffold_cached: bool
+    arrival_t: float
+    prepared_t: float
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class AnswerEvent:
+    """A streamed event: ``kind`` is ``token`` (``text``), ``final`` or ``error`` (``summary``)."""
+
+    kind: str
+    text: str = ""
+    summary: dict[str, Any] | None = None
+
+
+def software_versions() -> dict[str, str]:
+    """Versions of the libraries that decide outputs (recorded in receipts and profiles)."""
+    import platform
+
+    import faiss
+    import sentence_transformers
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "sentence_transformers": sentence_transformers.__version__,
+            "faiss": getattr(faiss, "__version__", "unknown"), "ragbudget": "0.1.0"}
+
+
+class AnswerPipeline:
+    """Answers questions for one :class:`Services`; holds the queue and the metrics."""
+
+    def __init__(self, services: Services, metrics: AnswerMetrics | None = None) -> None:
+        self.services = services
+        self.settings = services.settings
+        self.queue = GenerationQueue(self.settings.queue_max)
+        self.metrics = metrics or AnswerMetrics()
+        self._lock = threading.Lock()
+        self._scaffold: Any = None
+        self._builder: Any = None
+
+    # --- building blocks -----------------------------------------------------
+    def scaffold_and_builder(self) -> tuple[Any, Any]:
+        """The stored default scaffold and the prompt builder for the generator (cached)."""
+        with self._lock:
+            if self._builder is None:
+                from app.prompt import (
+                    DEFAULT_SCAFFOLD_NAME,
+                    DEFAULT_SCAFFOLD_TEXT,
+                    PromptBuilder,
+                    ensure_scaffold,
+                )
+
+                gen = self.services.generator
+                self._scaffold = ensure_scaffold(self.services.engine, DEFAULT_SCAFFOLD_NAME,
+                                                 DEFAULT_SCAFFOLD_TEXT)
+                self._builder = PromptBuilder.for_generator(gen)
+            return self._scaffold, self._builder
+
+    def profile(self) -> Any:
+        """The latency profile in force for the generator (fitted, else a roofline prior)."""
+        from app.profile_store import current_profile
+
+        return current_profile(self.services)
+
+    @staticmethod
+    def prompt_chunks(hits: list[Any]) -> list[Any]:
+        """Prompt chunks (document id, version, text) for retrieval hits, in rank order."""
+        from app.prompt import PromptChunk
+
+        return [PromptChunk(document_id=h.document_id, version=h.version, text=h.text) for h in hits]
+
+    # --- advise ------------------------------------------------------------------
+    def prepare(self, req: AnswerRequest, arrival_t: float | None = None) -> Prepared:
+        """Validate, retrieve K candidates, plan k for the budget, build the prompt.
+
+        Raises:
+            InvalidInput: empty/over-long question, bad budget, k_max or max_new_tokens.
+            UnknownRevision: ``req.revision`` does not exist.
+        """
+        from latency_model.planner import plan as make_plan
+
+        arrival_t = arrival_t if arrival_t is not None else time.perf_counter()
+        s = self.settings
+        question = check_question(s, req.question)
+        budget = check_budget(s, req.ttft_budget_ms)
+        max_new = check_max_new_tokens(s, req.max_new_tokens)
+        k_cap = check_k(s, req.k_max, s.retrieval_candidates)
+        t0 = time.perf_counter()
+        result = self.services.retriever.retrieve(question, k_cap, req.revision)
+        t1 = time.perf_counter()
+        scaffold, builder = self.scaffold_and_builder()
+        gen = self.services.generator
+        full = builder.build(scaffold.text, self.prompt_chunks(result.hits), question)
+        cached = bool(gen.prefix_cached(full.scaffold_ids))
+        profile = self.profile()
+        overhead_ms = (time.perf_counter() - arrival_t) * 1000.0
+        plan = make_plan(
+            question_tokens=full.question_tokens, scaffold_tokens=full.scaffold_len,
+            scaffold_cached=cached, chunk_tokens=list(full.chunk_token_counts), budget_ms=budget,
+            profile=profile, max_new_tokens=max_new, context_window=gen.context_window,
+            overhead_ms=overhead_ms, extra_tokens=full.framing_tokens,
+        )
+        k = plan.chosen_k if plan.chosen_k is not None else 0
+        prompt = builder.build(scaffold.text, self.prompt_chunks(result.hits[:k]), question)
+        t2 = time.perf_counter()
+        return Prepared(
+            request=req, budget_ms=budget, max_new_tokens=max_new, retrieval=result, plan=plan,
+            prompt=prompt, full_prompt=full, profile=profile, scaffold=scaffold,
+            scaffold_cached=cached, arrival_t=arrival_t, prepared_t=t2,
+            timings_ms={"retrieval_ms": (t1 - t0) * 1000.0, "planning_ms": (t2 - t1) * 1000.0,
+                        "overhead_ms": overhead_ms},
+        )
+
+    def advise(self, req: AnswerRequest) -> dict[str, Any]:
+        """Retrieve and plan without generating: the per-k table, the choice, the profile."""
+        p = self.prepare(req)
+        return {
+            "question": p.request.question, "ttft_budget_ms": p.budget_ms,
+            "revision": p.retrieval.revision, "plan": p.plan.to_dict(),
+            "profile": {"id": p.profile.id, "source": p.profile.source},
+            "candidates": [_hit_summary(h) for h in p.retrieval.hits],
+            "prompt_tokens": p.prompt.prompt_tokens, "scaffold_cached": p.scaffold_cached,
+            "timings": p.timings_ms,
+        }
+
+    # --- answer ------------------------------------------------------------------
+    def stream(self, req: AnswerRequest, *, cancel: threading.Event | None = None,
+               arrival_t: float | None = None) -> Iterator[AnswerEvent]:
+        """Answer ``req``, yielding token events and then one final (or error) event.
+
+        Validation and retrieval errors raise before anything is yielded (no
+        receipt: nothing was generated). Once generation starts, a failure or a
+        cancellation ends the stream with an ``error``/``final`` event and still
+        writes the receipt.
+
+        Raises:
+            RagBudgetError: bad input, unknown revision, queue full (Busy).
+        """
+        from app.generation.base import GenParams
+
+        arrival_t = arrival_t if arrival_t is not None else time.perf_counter()
+        cancel = cancel or threading.Event()
+        prepared = self.prepare(req, arrival_t)
+        gen = self.services.generator
+        params = GenParams(max_new_tokens=prepared.max_new_tokens, temperature=req.temperature,
+                           top_p=req.top_p, seed=req.seed)
+        state: dict[str, Any] = {"status": "ok", "error": None, "text": [], "first_t": None,
+                                 "last_t": None, "n": 0, "queue_ms": None, "stats": None}
+        slot: Any = self.queue.slot(cancel)
+        try:
+            state["queue_ms"] = slot.__enter__()
+        except Cancelled:
+            state["status"] = "cancelled"
+            slot = None
+        except RagBudgetError:
+            raise
+        try:
+            if slot is not None:
+                it = gen.stream(prepared.prompt.ids, cached_prefix_ids=prepared.prompt.scaffold_ids,
+                                params=params, cancel=cancel)
+                for ev in it:
+                    state["n"] += 1
+                    state["last_t"] = ev.t
+                    if state["first_t"] is None and ev.text:
+                        state["first_t"] = ev.t
+                    if ev.text:
+                        state["text"].append(ev.text)
+                        yield AnswerEvent("token", text=ev.text)
+                    if cancel.is_set():
+                        break
+                state["stats"] = getattr(gen, "last_stats", None)
+                if cancel.is_set():
+                    state["status"] = "cancelled"
+        except GeneratorExit:
+            state["status"] = "cancelled"
+            cancel.set()
+            raise
+        except Exception as exc:  # generation failed after the stream started
+            log.exception("generation failed")
+            state["status"] = "failed"
+            state["error"] = {"code": getattr(exc, "code", "generation_failed"), "message": str(exc)}
+        finally:
+            if slot is not None:
+                slot.__exit__(None, None, None)
+            summary = self._finish(prepared, params, state)
+        if state["status"] == "failed":
+            yield AnswerEvent("error", summary=summary)
+        else:
+            yield AnswerEvent("final", summary=summary)
+
+    def answer(self, req: AnswerRequest, *, cancel: threading.Event | None = None,
+               arrival_t: float | None = None) -> dict[str, Any]:
+        """Non-streaming :meth:`stream`: returns the final summary (with ``text``)."""
+        final: dict[str, Any] = {}
+        for ev in self.stream(req, cancel=cancel, arrival_t=arrival_t):
+            if ev.kind in ("final", "error") and ev.summary is not None:
+                final = ev.summary
+        return final
+
+    # --- receipt and summary --------------------------------------------------------
+    def _finish(self, p: Prepared, params: Any, state: dict[str, Any]) -> dict[str, Any]:
+        """Compute timings, write the receipt, record metrics; return the answer summary."""
+        stats = state.get("stats")
+        first_t, last_t = state["first_t"], state["last_t"]
+        ttft_ms = (first_t - p.arrival_t) * 1000.0 if first_t is not None else None
+        out_ids = list(getattr(stats, "output_token_ids", []) or [])
+        n_out = len(out_ids) if out_ids else state["n"]
+        tpot_ms = ((last_t - first_t) * 1000.0 / (n_out - 1)
+                   if first_t is not None and last_t is not None and n_out > 1 else None)
+        text = "".join(state["text"])
+        prompt_tokens = p.prompt.prompt_tokens
+        cached_tokens = int(getattr(stats, "cached_tokens", 0) or 0) if stats else 0
+        computed_tokens = prompt_tokens - cached_tokens
+        k = p.plan.chosen_k if p.plan.chosen_k is not None else 0
+        row = p.plan.rows[k] if p.plan.rows and k < len(p.plan.rows) else None
+        timings = {"queue_ms": state["queue_ms"], "ttft_ms": ttft_ms, "tpot_ms": tpot_ms,
+                   "retrieval_ms": p.timings_ms.get("retrieval_ms"),
+                   "overhead_ms": p.timings_ms.get("overhead_ms"),
+                   "total_ms": (time.perf_counter() - p.arrival_t) * 1000.0}
+        summary: dict[str, Any] = {
+            "status": state["status"], "error": state["error"], "text": text,
+            "question": p.request.question, "ttft_budget_ms": p.budget_ms,
+            "revision": p.retrieval.revision, "chosen_k": k, "binding": p.plan.binding,
+            "predicted": {"ttft_p50_ms": row.ttft_p50_ms if row else None,
+                          "ttft_p95_ms": row.ttft_p95_ms if row else None,
+                          "profile_id": p.profile.id, "profile_source": p.profile.source},
+            "timings": timings,
+            "tokens": {"prompt": prompt_tokens, "cached": cached_tokens, "computed": computed_tokens,
+                       "output": n_out},
+            "citations": [_hit_summary(h) for h in p.retrieval.hits[:k]],
+            "receipt_id": None,
+        }
+        try:
+            stored = self._write_receipt(p, params, state, summary, out_ids, text)
+            summary["receipt_id"] = stored.id
+        except Exception as exc:
+            log.exception("receipt write failed")
+            summary["receipt_error"] = str(exc)
+        self.metrics.observe(summary)
+        return summary
+
+    def _write_receipt(self, p: Prepared, params: Any, state: dict[str, Any],
+                       summary: dict[str, Any], out_ids: list[int], text: str) -> Any:
+        from receipts.chain import append_receipt
+        from receipts.schema import build_receipt_body
+
+        gen = self.services.generator
+        r = p.retrieval
+        ident = dict(gen.identity)
+        body = build_receipt_body(
+            question=p.request.question,
+            corpus={"revision": r.revision, "root_hash": r.root_hash},
+            embedder={"id": r.embedder_id, "identity": r.embedder},
+            retrieval={"k_candidates": r.k, "index": r.index, "query_truncated": r.query_truncated},
+            candidates=[{"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id,
+                         "document_id": h.document_id, "version": h.version,
+                         "chunk_hash": h.chunk_hash} for h in r.hits],
+            plan={"budget_ms": p.budget_ms, "chosen_k": summary["chosen_k"],
+                  "binding": p.plan.binding,
+                  "predicted_ttft_p50_ms": summary["predicted"]["ttft_p50_ms"],
+                  "predicted_ttft_p95_ms": summary["predicted"]["ttft_p95_ms"],
+                  "profile_id": p.profile.id, "profile_source": p.profile.source,
+                  "overhead_ms": p.timings_ms.get("overhead_ms"),
+                  "scaffold_cached": p.scaffold_cached, "rows": p.plan.to_dict().get("rows", [])},
+            scaffold={"id": p.scaffold.id, "name": p.scaffold.name, "hash": p.scaffold.hash},
+            prompt={"token_ids_hash": p.prompt.prompt_hash, "prompt_tokens": summary["tokens"]["prompt"],
+                    "cached_tokens": summary["tokens"]["cached"],
+                    "computed_tokens": summary["tokens"]["computed"]},
+            generator={"backend": ident.get("backend"), "model_id": ident.get("model_id"),
+                       "weights_hash": ident.get("weights_hash"), "dtype": ident.get("dtype"),
+                       "device": ident.get("device"), "params": params.to_dict()},
+            timings=summary["timings"],
+            output={"text": text, "text_hash": sha256_text(text),
+                    "token_ids_hash": sha256_ints(out_ids), "output_tokens": summary["tokens"]["output"]},
+            status=summary["status"], error=summary["error"],
+            software=software_versions(),
+        )
+        return append_receipt(self.services.engine, body)
+
+
+def _hit_summary(h: Any) -> dict[str, Any]:
+    return {"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id, "document_id": h.document_id,
+            "version": h.version, "chunk_hash": h.chunk_hash}

@@ -1,0 +1,61 @@
+"""Request limits shared by the API and the CLI: each violation is an InvalidInput with a code."""
+
+from __future__ import annotations
+
+import math
+
+from app.settings import Settings
+from foundation.errors import InvalidInput, TooLarge
+
+
+def check_question(settings: Settings, question: str) -> str:
+    """Return the question stripped of surrounding whitespace.
+
+    Raises:
+        InvalidInput (code ``empty_question``): empty or whitespace-only.
+        TooLarge (code ``question_too_long``): longer than ``max_question_chars``.
+    """
+    if question is None or not question.strip():
+        raise InvalidInput("question is empty", code="empty_question")
+    if len(question) > settings.max_question_chars:
+        raise TooLarge(f"question has {len(question)} characters; the limit is "
+                       f"{settings.max_question_chars}", code="question_too_long",
+                       limit=settings.max_question_chars)
+    return question.strip()
+
+
+def check_budget(settings: Settings, budget_ms: float | None) -> float:
+    """Return the TTFT budget in ms (the configured default when None).
+
+    Raises:
+        InvalidInput (code ``invalid_budget``): not a finite number in
+            ``[min_budget_ms, max_budget_ms]``.
+    """
+    if budget_ms is None:
+        return float(settings.default_ttft_budget_ms)
+    b = float(budget_ms)
+    if not math.isfinite(b) or b < settings.min_budget_ms or b > settings.max_budget_ms:
+        raise InvalidInput(f"ttft_budget_ms must be a number in [{settings.min_budget_ms}, "
+                           f"{settings.max_budget_ms}] ms, got {budget_ms}", code="invalid_budget",
+                           min=settings.min_budget_ms, max=settings.max_budget_ms)
+    return b
+
+
+def check_k(settings: Settings, k: int | None, default: int) -> int:
+    """Return k (``default`` when None). Raises InvalidInput (``invalid_k``) outside 0..max_k."""
+    if k is None:
+        return min(default, settings.max_k)
+    if not 0 <= int(k) <= settings.max_k:
+        raise InvalidInput(f"k must be in [0, {settings.max_k}], got {k}", code="invalid_k",
+                           limit=settings.max_k)
+    return int(k)
+
+
+def check_max_new_tokens(settings: Settings, n: int | None) -> int:
+    """Return max_new_tokens (default when None). Raises InvalidInput (``invalid_max_new_tokens``)."""
+    if n is None:
+        return settings.default_max_new_tokens
+    if not 1 <= int(n) <= settings.max_new_tokens_limit:
+        raise InvalidInput(f"max_new_tokens must be in [1, {settings.max_new_tokens_limit}], got {n}",
+                           code="invalid_max_new_tokens", limit=settings.max_new_tokens_limit)
+    return int(n)
