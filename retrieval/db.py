@@ -79,12 +79,12 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
 
 @contextmanager
 def read_session(engine: Engine) -> Iterator[Session]:
-    """A session for reads; rolled back at the end."""
+    """A session for reads; closed (its transaction rolled back) at the end.
+
+    Objects loaded in it stay readable afterwards (detached, not expired).
+    """
     with Session(engine, expire_on_commit=False) as session:
-        try:
-            yield session
-        finally:
-            session.rollback()
+        yield session
 
 
 @contextmanager
