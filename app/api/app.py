@@ -12,6 +12,7 @@ import logging
 from fastapi import FastAPI
 
 from app.api.errors import install_error_handlers
+from app.api.limits import BodyLimitMiddleware
 from app.pipeline import AnswerPipeline
 from app.services import Services
 from app.settings import Settings, get_settings
@@ -39,6 +40,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.services = services
     app.state.pipeline = AnswerPipeline(services)
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=services.settings.max_body_bytes)
     for name in ROUTER_MODULES:
         try:
             module = importlib.import_module(name)
