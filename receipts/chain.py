@@ -1,0 +1,252 @@
+"""The chained receipt log: append (atomic, fork-free), get, list with filters and paging.
+
+Each receipt body is stored as canonical JSON (sorted keys, no whitespace,
+UTF-8) and carries its own ``hash``: ``sha256:`` over the canonical JSON of the
+body *without* the ``hash`` field (:func:`receipt_hash`). The body's
+``prev_hash`` is the previous receipt's hash (:data:`GENESIS` for the first),
+so the receipts form one chain; ``receipts.prev_hash`` is UNIQUE, so two
+writers can never both extend the same head. Verification of the whole chain
+lives in :mod:`receipts.verify` (re-exported here as :func:`verify_chain`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Engine, exists, insert, select
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from foundation.errors import Conflict, IntegrityFailure, InvalidInput, UnknownReceipt
+from foundation.hashing import canonical_json, sha256_json
+from receipts.models import ReceiptDocument, ReceiptRow
+from receipts.schema import CHAIN_FIELDS, FORMAT_VERSION, STATUSES, validate_body
+from retrieval.db import LOCK_RECEIPTS, read_session, write_transaction
+
+if TYPE_CHECKING:
+    from receipts.verify import VerifyReport
+
+GENESIS = "sha256:" + "0" * 64
+MAX_LIST_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class StoredReceipt:
+    """Where a receipt landed in the chain."""
+
+    seq: int
+    id: str
+    hash: str
+    prev_hash: str
+    created_at: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "id": self.id, "hash": self.hash, "prev_hash": self.prev_hash,
+                "created_at": self.created_at}
+
+
+def receipt_hash(body: dict[str, Any]) -> str:
+    """``sha256:`` over the canonical JSON of ``body`` without its ``hash`` field."""
+    return sha256_json({k: v for k, v in body.items() if k != "hash"})
+
+
+def utc_now_iso() -> str:
+    """Now as ISO-8601 UTC with microseconds, e.g. ``2025-01-02T03:04:05.000006+00:00``."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def parse_body(text: str) -> dict[str, Any]:
+    """Parse a stored body.
+
+    Raises:
+        IntegrityFailure: the stored text is not a JSON object.
+    """
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        raise IntegrityFailure(f"stored receipt body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise IntegrityFailure("stored receipt body is not a JSON object")
+    return body
+
+
+def _document_versions(body: dict[str, Any]) -> list[tuple[str, int]]:
+    return sorted({(str(c["document_id"]), int(c["version"])) for c in body.get("candidates") or []})
+
+
+def append_receipt(engine: Engine, body: dict[str, Any], *, max_attempts: int = 50) -> StoredReceipt:
+    """Append ``body`` to the chain in one transaction; return where it landed.
+
+    Inside one serialised write transaction (``BEGIN IMMEDIATE`` on SQLite, an
+    advisory lock on PostgreSQL) the head is read, the chain fields are set
+    (``id`` = ``rcpt_<uuid4 hex>``, ``seq`` = head + 1, ``created_at`` ISO-8601
+    UTC µs and never earlier than the head's, ``prev_hash``, ``format_version``),
+    the hash is computed, and the receipt row plus one ``receipt_documents`` row
+    per distinct candidate (document id, version) are inserted. Wholly there or
+    not at all. Should two writers still race for the same head (the UNIQUE
+    ``prev_hash`` rejects the second), the loser retries with the new head.
+    On success the chain fields are also written into ``body``.
+
+    Raises:
+        InvalidInput: the body does not validate (:func:`receipts.schema.validate_body`).
+        Conflict: no free head after ``max_attempts`` tries.
+    """
+    validate_body(body)
+    content = {k: v for k, v in body.items() if k not in CHAIN_FIELDS}
+    docs = _document_versions(content)
+    last_exc: Exception | None = None
+    for attempt in range(max_attempts):
+        try:
+            with write_transaction(engine, LOCK_RECEIPTS) as session:
+                head = session.execute(
+                    select(ReceiptRow.seq, ReceiptRow.hash, ReceiptRow.created_at)
+                    .order_by(ReceiptRow.seq.desc()).limit(1)
+                ).first()
+                seq, prev_hash, head_at = (head[0] + 1, head[1], head[2]) if head else (1, GENESIS, "")
+                full = dict(content, id="rcpt_" + uuid.uuid4().hex, seq=seq,
+                            created_at=max(utc_now_iso(), head_at), prev_hash=prev_hash,
+                            format_version=FORMAT_VERSION)
+                digest = receipt_hash(full)
+                full["hash"] = digest
+                session.execute(insert(ReceiptRow).values(
+                    seq=seq, id=full["id"], created_at=full["created_at"], status=full["status"],
+                    prev_hash=prev_hash, hash=digest, body=canonical_json(full).decode("utf-8")))
+                if docs:
+                    session.execute(insert(ReceiptDocument), [
+                        {"receipt_seq": seq, "document_id": d, "version": v} for d, v in docs])
+        except (IntegrityError, OperationalError) as exc:
+            if isinstance(exc, OperationalError) and "locked" not in str(exc).lower():
+                raise
+            last_exc = exc
+            time.sleep(min(0.2, 0.002 * (attempt + 1)) * random.random())
+            continue
+        for key in CHAIN_FIELDS:
+            body[key] = full[key]
+        return StoredReceipt(seq=seq, id=full["id"], hash=digest, prev_hash=prev_hash,
+                             created_at=full["created_at"])
+    raise Conflict(f"could not append a receipt after {max_attempts} attempts: {last_exc}")
+
+
+def get_receipt_row(engine: Engine, receipt_id: str) -> ReceiptRow:
+    """The stored row of ``receipt_id``.
+
+    Raises:
+        UnknownReceipt: no receipt has that id.
+    """
+    with read_session(engine) as session:
+        row = session.scalars(select(ReceiptRow).where(ReceiptRow.id == receipt_id)).first()
+        if row is None:
+            raise UnknownReceipt(f"no receipt {receipt_id!r}", receipt_id=receipt_id)
+        session.expunge(row)
+        return row
+
+
+def get_receipt(engine: Engine, receipt_id: str) -> dict[str, Any]:
+    """The full body of ``receipt_id`` (including its chain fields and hash).
+
+    Raises:
+        UnknownReceipt: no receipt has that id.
+        IntegrityFailure: the stored body is not a JSON object.
+    """
+    return parse_body(get_receipt_row(engine, receipt_id).body)
+
+
+def _utc_iso(value: str | datetime | None, name: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise InvalidInput(f"{name} must be an ISO-8601 time, got {value!r}", field=name) from exc
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def summarize(seq: int, body: dict[str, Any], row_hash: str) -> dict[str, Any]:
+    """A short listing entry for one receipt (no candidates, no output text)."""
+    plan = body.get("plan") or {}
+    timings = body.get("timings") or {}
+    generator = body.get("generator") or {}
+    return {
+        "seq": seq, "id": body.get("id"), "created_at": body.get("created_at"),
+        "status": body.get("status"), "hash": row_hash, "question": body.get("question"),
+        "revision": (body.get("corpus") or {}).get("revision"), "chosen_k": plan.get("chosen_k"),
+        "budget_ms": plan.get("budget_ms"), "ttft_ms": timings.get("ttft_ms"),
+        "model_id": generator.get("model_id"),
+    }
+
+
+def list_receipts(
+    engine: Engine,
+    *,
+    since: str | datetime | None = None,
+    until: str | datetime | None = None,
+    document_id: str | None = None,
+    document_version: int | None = None,
+    status: str | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Receipts newest first, filtered, one page at a time.
+
+    ``since`` is inclusive and ``until`` exclusive (ISO-8601; naive means UTC);
+    ``document_id`` (optionally with ``document_version``) keeps receipts whose
+    candidates came from that document; ``status`` is ok/cancelled/failed.
+    ``cursor`` is the ``next_cursor`` of the previous page (``None`` on the last).
+
+    Returns:
+        ``(summaries, next_cursor)``; see :func:`summarize` for a summary's keys.
+
+    Raises:
+        InvalidInput: a bad time, status, limit (1..1000) or cursor.
+    """
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise InvalidInput(f"limit must be between 1 and {MAX_LIST_LIMIT}", field="limit")
+    if status is not None and status not in STATUSES:
+        raise InvalidInput(f"status must be one of {', '.join(STATUSES)}", field="status")
+    query = select(ReceiptRow.seq, ReceiptRow.hash, ReceiptRow.body).order_by(ReceiptRow.seq.desc())
+    if cursor is not None:
+        if not cursor.isdigit():
+            raise InvalidInput("cursor is not one this server issued", field="cursor")
+        query = query.where(ReceiptRow.seq < int(cursor))
+    lo, hi = _utc_iso(since, "since"), _utc_iso(until, "until")
+    if lo is not None:
+        query = query.where(ReceiptRow.created_at >= lo)
+    if hi is not None:
+        query = query.where(ReceiptRow.created_at < hi)
+    if status is not None:
+        query = query.where(ReceiptRow.status == status)
+    if document_id is not None:
+        used = (ReceiptDocument.receipt_seq == ReceiptRow.seq) & (ReceiptDocument.document_id == document_id)
+        if document_version is not None:
+            used = used & (ReceiptDocument.version == document_version)
+        query = query.where(exists().where(used))
+    with read_session(engine) as session:
+        rows = session.execute(query.limit(limit + 1)).all()
+    page = [summarize(seq, parse_body(text), digest) for seq, digest, text in rows[:limit]]
+    next_cursor = str(rows[limit - 1][0]) if len(rows) > limit else None
+    return page, next_cursor
+
+
+def head(engine: Engine) -> StoredReceipt | None:
+    """The newest receipt's position in the chain, or ``None`` for an empty chain."""
+    with read_session(engine) as session:
+        row = session.execute(
+            select(ReceiptRow.seq, ReceiptRow.id, ReceiptRow.hash, ReceiptRow.prev_hash,
+                   ReceiptRow.created_at).order_by(ReceiptRow.seq.desc()).limit(1)).first()
+    return StoredReceipt(*row) if row else None
+
+
+def verify_chain(engine: Engine, *, batch_size: int = 1000,
+                 expected_head: str | None = None) -> VerifyReport:
+    """Walk and check the whole chain; see :func:`receipts.verify.verify_chain`."""
+    from receipts.verify import verify_chain as _verify
+
+    return _verify(engine, batch_size=batch_size, expected_head=expected_head)

@@ -1,0 +1,196 @@
+"""The receipt body: what an answer records so an operator can replay it exactly.
+
+A body is a plain JSON object of sections (DESIGN.md, "Receipt (minimum
+content)"). :func:`build_receipt_body` checks every required key and its type
+and returns a fresh dict; :func:`validate_body` checks an existing one. The
+chain fields (``id``, ``seq``, ``created_at``, ``prev_hash``, ``hash``) are set
+by :func:`receipts.chain.append_receipt`, never by the caller.
+
+Format history (``format_version``):
+
+* 1: the sections below.
+
+Nullability: an answer that was cancelled or failed still writes a receipt, so
+for ``status != "ok"`` every section except ``question``, ``corpus``,
+``status`` and ``software`` may be ``null``; inside a section, fields marked
+nullable (e.g. ``timings.ttft_ms`` before a first token) may be ``null`` for
+any status. Extra keys inside a section are kept (forward compatible); unknown
+top-level sections are rejected (put them under ``extra``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from foundation.errors import InvalidInput
+
+FORMAT_VERSION = 1
+STATUSES = ("ok", "cancelled", "failed")
+PROFILE_SOURCES = ("fitted", "prior")
+CHAIN_FIELDS = ("id", "seq", "created_at", "prev_hash", "hash", "format_version")
+
+# Field specs: a type name, with a trailing "?" when null is allowed.
+#   str, int (not bool), num (int or finite float), bool, dict, list, hash ("sha256:..." string),
+#   any (any JSON value).
+CANDIDATE = {"rank": "int", "score": "num", "chunk_id": "int", "document_id": "str",
+             "version": "int", "chunk_hash": "str"}
+
+SECTIONS: dict[str, dict[str, str]] = {
+    "corpus": {"revision": "int", "root_hash": "str"},
+    "embedder": {"id": "str", "identity": "dict"},
+    "retrieval": {"k_candidates": "int", "index_params": "dict", "query_truncated": "bool"},
+    "plan": {"budget_ms": "num", "chosen_k": "int", "binding": "str?",
+             "predicted_ttft_p50_ms": "num?", "predicted_ttft_p95_ms": "num?",
+             "profile_id": "str?", "profile_source": "str", "overhead_ms": "num?", "rows": "list"},
+    "scaffold": {"id": "any", "name": "str", "hash": "str"},
+    "prompt": {"token_ids_hash": "str", "prompt_tokens": "int", "cached_tokens": "int",
+               "computed_tokens": "int"},
+    "generator": {"backend": "str", "model_id": "str", "weights_hash": "str?", "dtype": "str?",
+                  "device": "str?", "params": "dict"},
+    "timings": {"queue_ms": "num?", "ttft_ms": "num?", "tpot_ms": "num?", "retrieval_ms": "num?",
+                "total_ms": "num?"},
+    "output": {"text": "str", "text_hash": "str", "token_ids_hash": "str", "output_tokens": "int"},
+    "software": {"python": "str?", "torch": "str?", "transformers": "str?",
+                 "sentence_transformers": "str?", "faiss": "str?", "ragbudget": "str?"},
+}
+GENERATION_PARAMS = {"max_new_tokens": "int", "temperature": "num", "top_p": "num", "seed": "int?"}
+# Sections that must be present and non-null whatever the status.
+ALWAYS = ("corpus", "software")
+# Optional sections: output.token_ids (list of ints) lets replay name the first differing token.
+OPTIONAL_TOP = ("error", "extra")
+TOP_LEVEL = ("question", "candidates", "status", *SECTIONS, *OPTIONAL_TOP)
+
+
+def _plain(value: Any) -> Any:
+    """Turn numpy scalars and tuples into plain JSON values (recursively)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and not isinstance(value, str | bytes):
+        return value.item()  # numpy scalar -> Python int/float/bool
+    return value
+
+
+def _check_json(value: Any, where: str) -> None:
+    """Reject values canonical JSON cannot carry exactly (NaN/inf, bytes, objects)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInput(f"{where} must be a finite number, got {value!r}", field=where)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_json(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_json(v, f"{where}[{i}]")
+    elif not (value is None or isinstance(value, str | int | float | bool)):
+        raise InvalidInput(f"{where} is not a JSON value: {type(value).__name__}", field=where)
+
+
+def _check_type(value: Any, spec: str, where: str) -> None:
+    nullable = spec.endswith("?")
+    kind = spec.rstrip("?")
+    if value is None:
+        if nullable or kind == "any":
+            return
+        raise InvalidInput(f"{where} must not be null", field=where)
+    ok = {
+        "str": isinstance(value, str),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "num": isinstance(value, int | float) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "dict": isinstance(value, dict),
+        "list": isinstance(value, list),
+        "any": True,
+    }[kind]
+    if not ok:
+        raise InvalidInput(f"{where} must be {kind}, got {type(value).__name__}", field=where)
+
+
+def _check_fields(section: Any, fields: dict[str, str], where: str) -> None:
+    if not isinstance(section, dict):
+        raise InvalidInput(f"{where} must be an object", field=where)
+    missing = [f for f in fields if f not in section]
+    if missing:
+        raise InvalidInput(f"{where} is missing {', '.join(missing)}", field=where, missing=missing)
+    for name, spec in fields.items():
+        _check_type(section[name], spec, f"{where}.{name}")
+
+
+def validate_body(body: dict[str, Any]) -> None:
+    """Check a receipt body's required keys, types and values (chain fields are ignored).
+
+    Raises:
+        InvalidInput: a missing key, a wrong type, an unknown status or profile source,
+            an unknown top-level section, or a value canonical JSON cannot represent
+            (NaN, infinity, bytes); ``details["field"]`` names the offending path.
+    """
+    if not isinstance(body, dict):
+        raise InvalidInput("a receipt body must be an object")
+    unknown = sorted(set(body) - set(TOP_LEVEL) - set(CHAIN_FIELDS))
+    if unknown:
+        raise InvalidInput(f"unknown receipt sections: {', '.join(unknown)} (use 'extra')",
+                           field=unknown[0])
+    _check_json(body, "body")
+    for key in ("question", "status", "candidates"):
+        if key not in body:
+            raise InvalidInput(f"receipt body is missing {key}", field=key)
+    _check_type(body["question"], "str", "question")
+    if body["status"] not in STATUSES:
+        raise InvalidInput(f"status must be one of {', '.join(STATUSES)}", field="status")
+    ok = body["status"] == "ok"
+    _check_type(body["candidates"], "list", "candidates")
+    for i, cand in enumerate(body["candidates"]):
+        _check_fields(cand, CANDIDATE, f"candidates[{i}]")
+    for name, fields in SECTIONS.items():
+        if name not in body:
+            raise InvalidInput(f"receipt body is missing {name}", field=name)
+        if body[name] is None and not ok and name not in ALWAYS:
+            continue
+        _check_fields(body[name], fields, name)
+    if body["plan"] is not None and body["plan"]["profile_source"] not in PROFILE_SOURCES:
+        raise InvalidInput("plan.profile_source must be 'fitted' or 'prior'", field="plan.profile_source")
+    if body["generator"] is not None:
+        _check_fields(body["generator"]["params"], GENERATION_PARAMS, "generator.params")
+    out = body["output"]
+    if out is not None and out.get("token_ids") is not None:
+        _check_type(out["token_ids"], "list", "output.token_ids")
+        for i, tok in enumerate(out["token_ids"]):
+            _check_type(tok, "int", f"output.token_ids[{i}]")
+    if body.get("error") is not None:
+        _check_type(body["error"], "any", "error")
+    if body.get("extra") is not None:
+        _check_type(body["extra"], "dict", "extra")
+
+
+def build_receipt_body(**sections: Any) -> dict[str, Any]:
+    """Assemble and validate a receipt body from its sections; return a new dict.
+
+    Keyword arguments are the top-level sections (``question``, ``corpus``,
+    ``embedder``, ``retrieval``, ``candidates``, ``plan``, ``scaffold``,
+    ``prompt``, ``generator``, ``timings``, ``output``, ``status``, ``error``,
+    ``software``, optional ``extra``). numpy scalars are turned into plain
+    numbers (a float32 score becomes the double with the same value, which
+    JSON round-trips exactly). ``error`` defaults to ``None``; ``format_version``
+    is set to :data:`FORMAT_VERSION`.
+
+    Raises:
+        InvalidInput: see :func:`validate_body`; also when a chain field is passed.
+    """
+    passed = sorted(set(sections) & set(CHAIN_FIELDS))
+    if passed:
+        raise InvalidInput(f"chain fields are set by the chain, not the caller: {', '.join(passed)}",
+                           field=passed[0])
+    body = _plain(dict(sections))
+    body.setdefault("error", None)
+    validate_body(body)
+    body["format_version"] = FORMAT_VERSION
+    return body  # type: ignore[no-any-return]
+
+
+def cited_candidates(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The candidates the model was shown: the first ``plan.chosen_k`` (none when no plan)."""
+    plan = body.get("plan")
+    if plan is None:
+        return []
+    return list(body.get("candidates") or [])[: int(plan.get("chosen_k") or 0)]

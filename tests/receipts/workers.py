@@ -1,0 +1,16 @@
+"""Process entry points for the concurrency tests (importable by spawned children)."""
+
+from __future__ import annotations
+
+from receipts.chain import append_receipt
+from retrieval.db import make_engine
+from tests.receipts.bodies import body
+
+
+def append_many(url: str, tag: str, n: int) -> list[str]:
+    """Open a fresh engine on ``url`` and append ``n`` receipts; return their ids."""
+    engine = make_engine(url)
+    try:
+        return [append_receipt(engine, body(question=f"{tag}-{i}")).id for i in range(n)]
+    finally:
+        engine.dispose()
