@@ -39,7 +39,7 @@ CANDIDATE = {"rank": "int", "score": "num", "chunk_id": "int", "document_id": "s
 SECTIONS: dict[str, dict[str, str]] = {
     "corpus": {"revision": "int", "root_hash": "str"},
     "embedder": {"id": "str", "identity": "dict"},
-    "retrieval": {"k_candidates": "int", "index_params": "dict", "query_truncated": "bool"},
+    "retrieval": {"k_candidates": "int", "index": "dict", "query_truncated": "bool"},
     "plan": {"budget_ms": "num", "chosen_k": "int", "binding": "str?",
              "predicted_ttft_p50_ms": "num?", "predicted_ttft_p95_ms": "num?",
              "profile_id": "str?", "profile_source": "str", "overhead_ms": "num?", "rows": "list"},
