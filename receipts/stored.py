@@ -49,12 +49,12 @@ def stored_hits(engine: Engine, body: dict[str, Any], *,
     rows: dict[int, Any] = {}
     with read_session(engine) as session:
         for start in range(0, len(ids), 500):
-            for row in session.execute(
+            for found in session.execute(
                 select(Chunk.id, Chunk.chunk_hash, Chunk.text, Chunk.start_char, Chunk.end_char,
                        DocumentVersion.document_id, DocumentVersion.version)
                 .join(DocumentVersion, DocumentVersion.id == Chunk.version_id)
                 .where(Chunk.id.in_(ids[start:start + 500]))):
-                rows[row.id] = row
+                rows[found.id] = found
     hits: list[StoredHit] = []
     problems: list[dict[str, Any]] = []
     for c in cands:
