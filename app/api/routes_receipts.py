@@ -1,0 +1,125 @@
+"""Receipts (operator): list with filters and paging, one receipt with freshness, replay.
+
+``GET /v1/receipts``, ``GET /v1/receipts/{id}``, ``POST /v1/receipts/{id}/replay``.
+Receipt bodies hold the question and the exact context, so every route needs
+the ``operator`` role (or ``admin``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, Field
+
+from app.api.deps import get_services, require_role
+from app.services import Services
+
+router = APIRouter(tags=["receipts"], dependencies=[Depends(require_role("operator"))])
+
+
+class ReceiptSummary(BaseModel):
+    seq: int
+    id: str | None
+    created_at: str | None
+    status: str | None
+    hash: str
+    question: str | None
+    revision: int | None
+    chosen_k: int | None
+    budget_ms: float | None
+    ttft_ms: float | None
+    model_id: str | None
+
+
+class ReceiptPage(BaseModel):
+    receipts: list[ReceiptSummary]
+    next_cursor: str | None = Field(None, description="Pass as ?cursor= for the next page; null on the last")
+
+
+class FreshnessDocument(BaseModel):
+    document_id: str
+    version: int
+    cited: bool
+    status: Literal["current", "superseded", "deleted", "unknown"]
+    superseded_by: int | None
+    changed_at_revision: int | None
+    current_version: int | None
+
+
+class Freshness(BaseModel):
+    receipt_revision: int | None
+    latest_revision: int | None
+    changed: bool
+    counts: dict[str, int]
+    documents: list[FreshnessDocument]
+
+
+class ReceiptDetail(BaseModel):
+    receipt: dict[str, Any] = Field(..., description="The full receipt body (canonical JSON object)")
+    freshness: Freshness
+
+
+class ReplayRequest(BaseModel):
+    regenerate: bool = Field(False, description="Also generate again and compare output tokens")
+
+
+class ReplayCheck(BaseModel):
+    name: str
+    status: Literal["ok", "failed", "skipped"]
+    ok: bool
+    expected: Any = None
+    actual: Any = None
+    detail: str
+
+
+class ReplayReportPublic(BaseModel):
+    receipt_id: str
+    seq: int
+    ok: bool
+    checks: list[ReplayCheck]
+    freshness: Freshness | None
+    elapsed_ms: float
+
+
+@router.get("/v1/receipts", response_model=ReceiptPage)
+def list_(
+    since: str | None = Query(None, description="ISO-8601 time, inclusive"),
+    until: str | None = Query(None, description="ISO-8601 time, exclusive"),
+    document_id: str | None = Query(None, max_length=1024, description="answers that used this document"),
+    document_version: int | None = Query(None, ge=1, le=2**31 - 1),
+    status: Literal["ok", "cancelled", "failed"] | None = None,
+    limit: int = Query(50, ge=1, le=1000),
+    cursor: str | None = Query(None, max_length=32),
+    services: Services = Depends(get_services),
+) -> ReceiptPage:
+    """Receipts newest first. 422 ``invalid_input`` on a bad time or cursor."""
+    from receipts.chain import list_receipts
+
+    page, next_cursor = list_receipts(services.engine, since=since, until=until, document_id=document_id,
+                                      document_version=document_version, status=status, limit=limit,
+                                      cursor=cursor)
+    return ReceiptPage(receipts=[ReceiptSummary(**r) for r in page], next_cursor=next_cursor)
+
+
+@router.get("/v1/receipts/{receipt_id}", response_model=ReceiptDetail)
+def get(receipt_id: str, services: Services = Depends(get_services)) -> ReceiptDetail:
+    """One receipt's body and the freshness of its document versions. 404 ``unknown_receipt``."""
+    from receipts.chain import get_receipt
+    from receipts.freshness import freshness
+
+    body = get_receipt(services.engine, receipt_id)
+    return ReceiptDetail(receipt=body, freshness=Freshness(**freshness(services.engine, body)))
+
+
+@router.post("/v1/receipts/{receipt_id}/replay", response_model=ReplayReportPublic)
+def replay_(receipt_id: str, body: ReplayRequest | None = None,
+            services: Services = Depends(get_services)) -> ReplayReportPublic:
+    """Replay a receipt: every check with expected/actual, plus freshness. 404 ``unknown_receipt``.
+
+    A failed check is a finding, not an HTTP error: the response is 200 with ``ok: false``.
+    """
+    from app.receipt_wiring import replay_receipt
+
+    report = replay_receipt(services, receipt_id, regenerate=bool(body and body.regenerate))
+    return ReplayReportPublic(**report.to_dict())

@@ -1,0 +1,107 @@
+"""``ragbudget receipts verify|list|show`` and ``ragbudget replay ID [--regenerate]``.
+
+Exit codes: 0 when everything verifies; 4 when ``verify`` finds a problem or a
+replay check fails (the code ``app.cli.common`` gives verification failures).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from app.cli.common import add_json_flag, emit
+
+EXIT_VERIFY_FAILED = 4
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    r = sub.add_parser("receipts", help="audit the receipt chain")
+    rsub = r.add_subparsers(dest="receipts_command", metavar="ACTION")
+    rsub.required = True
+
+    v = rsub.add_parser("verify", help="walk the whole chain and locate any tampering")
+    v.add_argument("--expect-head", default=None, metavar="HASH",
+                   help="a head hash noted earlier; detects receipts cut from the end")
+    v.add_argument("--batch-size", type=int, default=1000)
+    add_json_flag(v)
+    v.set_defaults(func=cmd_verify)
+
+    ls = rsub.add_parser("list", help="receipts newest first, filtered, one page at a time")
+    ls.add_argument("--since", default=None, help="ISO-8601 time (inclusive)")
+    ls.add_argument("--until", default=None, help="ISO-8601 time (exclusive)")
+    ls.add_argument("--document", dest="document_id", default=None, help="answers that used this document")
+    ls.add_argument("--version", dest="document_version", type=int, default=None,
+                    help="with --document: only this version")
+    ls.add_argument("--status", choices=["ok", "cancelled", "failed"], default=None)
+    ls.add_argument("--limit", type=int, default=50)
+    ls.add_argument("--cursor", default=None, help="next_cursor of the previous page")
+    add_json_flag(ls)
+    ls.set_defaults(func=cmd_list)
+
+    sh = rsub.add_parser("show", help="one receipt's full body and its freshness")
+    sh.add_argument("receipt_id")
+    add_json_flag(sh)
+    sh.set_defaults(func=cmd_show)
+
+    rp = sub.add_parser("replay", help="verify a receipt and rebuild exactly what the model was shown")
+    rp.add_argument("receipt_id")
+    rp.add_argument("--regenerate", action="store_true",
+                    help="also generate again with the recorded parameters and compare output tokens")
+    add_json_flag(rp)
+    rp.set_defaults(func=cmd_replay)
+
+
+def cmd_verify(args: argparse.Namespace, services: Any) -> int:
+    from receipts.chain import verify_chain
+
+    report = verify_chain(services.engine, batch_size=args.batch_size, expected_head=args.expect_head)
+    emit(args, report.to_dict(), lambda _p: report.render())
+    return 0 if report.ok else EXIT_VERIFY_FAILED
+
+
+def _render_list(payload: dict[str, Any]) -> str:
+    lines = []
+    for r in payload["receipts"]:
+        k = "-" if r["chosen_k"] is None else r["chosen_k"]
+        ttft = "-" if r["ttft_ms"] is None else f"{r['ttft_ms']:.0f} ms"
+        lines.append(f"{r['seq']:>6} {r['id']} {r['created_at']} {r['status']:<9} rev {r['revision']} "
+                     f"k={k} ttft {ttft}  {r['question'][:60]!r}")
+    if payload["next_cursor"]:
+        lines.append(f"more: --cursor {payload['next_cursor']}")
+    return "\n".join(lines) or "no receipts"
+
+
+def cmd_list(args: argparse.Namespace, services: Any) -> int:
+    from receipts.chain import list_receipts
+
+    page, cursor = list_receipts(services.engine, since=args.since, until=args.until,
+                                 document_id=args.document_id, document_version=args.document_version,
+                                 status=args.status, limit=args.limit, cursor=args.cursor)
+    emit(args, {"receipts": page, "next_cursor": cursor}, _render_list)
+    return 0
+
+
+def _render_show(payload: dict[str, Any]) -> str:
+    import json
+
+    from receipts.freshness import render_freshness
+
+    return json.dumps(payload["receipt"], indent=2, sort_keys=True, ensure_ascii=False) + "\n" + \
+        render_freshness(payload["freshness"])
+
+
+def cmd_show(args: argparse.Namespace, services: Any) -> int:
+    from receipts.chain import get_receipt
+    from receipts.freshness import freshness
+
+    body = get_receipt(services.engine, args.receipt_id)
+    emit(args, {"receipt": body, "freshness": freshness(services.engine, body)}, _render_show)
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace, services: Any) -> int:
+    from app.receipt_wiring import replay_receipt
+
+    report = replay_receipt(services, args.receipt_id, regenerate=args.regenerate)
+    emit(args, report.to_dict(), lambda _p: report.render())
+    return 0 if report.ok else EXIT_VERIFY_FAILED
