@@ -37,7 +37,7 @@ CANDIDATE = {"rank": "int", "score": "num", "chunk_id": "int", "document_id": "s
              "version": "int", "chunk_hash": "str"}
 
 SECTIONS: dict[str, dict[str, str]] = {
-    "corpus": {"revision": "int", "root_hash": "str"},
+    "corpus": {"revision": "int", "root_hash": "str?"},
     "embedder": {"id": "str", "identity": "dict"},
     "retrieval": {"k_candidates": "int", "index": "dict", "query_truncated": "bool"},
     "plan": {"budget_ms": "num", "chosen_k": "int", "binding": "str?",

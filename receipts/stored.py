@@ -32,6 +32,7 @@ class StoredHit:
     text: str
     start_char: int
     end_char: int
+    n_tokens: int
 
 
 def stored_hits(engine: Engine, body: dict[str, Any], *,
@@ -51,6 +52,7 @@ def stored_hits(engine: Engine, body: dict[str, Any], *,
         for start in range(0, len(ids), 500):
             for found in session.execute(
                 select(Chunk.id, Chunk.chunk_hash, Chunk.text, Chunk.start_char, Chunk.end_char,
+                       Chunk.n_tokens,
                        DocumentVersion.document_id, DocumentVersion.version)
                 .join(DocumentVersion, DocumentVersion.id == Chunk.version_id)
                 .where(Chunk.id.in_(ids[start:start + 500]))):
@@ -75,5 +77,6 @@ def stored_hits(engine: Engine, body: dict[str, Any], *,
             continue
         hits.append(StoredHit(rank=c["rank"], score=c["score"], chunk_id=row.id,
                               document_id=row.document_id, version=row.version, chunk_hash=row.chunk_hash,
-                              text=row.text, start_char=row.start_char, end_char=row.end_char))
+                              text=row.text, start_char=row.start_char, end_char=row.end_char,
+                              n_tokens=row.n_tokens))
     return hits, problems
