@@ -1,0 +1,234 @@
+"""Turning source bytes into the text a model reads: decoding, HTML extraction, validation.
+
+A document version's content is the *extracted, normalised* text, never the
+markup: two HTML files that differ only in attributes, generated ids or the
+navigation chrome give the same text and the same content hash. The source
+bytes' hash is kept separately (``source_hash``).
+
+HTML is parsed with BeautifulSoup over lxml. The visible text of ``<body>`` is
+kept, with block elements separated by blank lines, inline whitespace
+collapsed as a browser would, ``<pre>`` kept verbatim, list items prefixed with
+``- `` and table cells joined with `` | ``. ``<script>``, ``<style>`` and the
+DocBook navigation header and footer (``div.navheader`` / ``div.navfooter``,
+which carry the release number, e.g. "PostgreSQL 15.18 Documentation") are
+dropped.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Any
+
+from foundation.errors import EmptyContent, InvalidEncoding, UnsupportedType
+from foundation.hashing import normalize_text
+
+#: Document kinds and the file suffixes that map to them.
+SUFFIX_KINDS = {".txt": "txt", ".md": "md", ".rst": "rst", ".html": "html", ".htm": "html"}
+KINDS = frozenset(SUFFIX_KINDS.values())
+
+_SKIP_TAGS = frozenset({"script", "style", "head", "title", "noscript", "template", "iframe", "object"})
+_SKIP_CLASSES = frozenset({"navheader", "navfooter"})
+_BLOCK_TAGS = frozenset({
+    "address", "article", "aside", "blockquote", "body", "caption", "dd", "details", "div", "dl", "dt",
+    "fieldset", "figcaption", "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header",
+    "hr", "li", "main", "nav", "ol", "p", "pre", "section", "summary", "table", "tbody", "tfoot",
+    "thead", "tr", "ul", "html",
+})
+_CELL_TAGS = frozenset({"td", "th"})
+_WS = re.compile(r"[ \t\n\r\f\v]+")
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})
+
+
+def kind_for_suffix(name: str) -> str:
+    """The document kind for a file name (``.txt .md .rst .html .htm``).
+
+    Raises:
+        UnsupportedType: any other suffix.
+    """
+    suffix = "." + name.rsplit(".", 1)[-1].lower() if "." in name else ""
+    kind = SUFFIX_KINDS.get(suffix)
+    if kind is None:
+        raise UnsupportedType(
+            f"unsupported file type {suffix or '(no suffix)'!r}; expected one of "
+            f"{', '.join(sorted(SUFFIX_KINDS))}", suffix=suffix)
+    return kind
+
+
+def check_kind(kind: str) -> str:
+    """Return ``kind`` if it is one of :data:`KINDS`, else raise :class:`UnsupportedType`."""
+    if kind not in KINDS:
+        raise UnsupportedType(f"unsupported document kind {kind!r}; expected one of "
+                              f"{', '.join(sorted(KINDS))}", kind=kind)
+    return kind
+
+
+def decode_utf8(raw: bytes) -> str:
+    """Decode UTF-8 bytes strictly (a leading BOM is dropped).
+
+    Raises:
+        InvalidEncoding: NUL bytes (binary content) or bytes that are not valid UTF-8.
+    """
+    if b"\x00" in raw:
+        raise InvalidEncoding("binary content: the bytes contain NUL characters",
+                              offset=raw.index(b"\x00"))
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InvalidEncoding(f"not valid UTF-8 at byte {exc.start}: {exc.reason}",
+                              offset=exc.start) from exc
+
+
+def check_text(text: str) -> str:
+    """Reject text that cannot be stored as UTF-8 in both backends.
+
+    Raises:
+        InvalidEncoding: NUL characters (PostgreSQL ``text`` cannot hold them) or
+            lone surrogates (not encodable as UTF-8).
+    """
+    if "\x00" in text:
+        raise InvalidEncoding("text contains NUL characters", offset=text.index("\x00"))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidEncoding(f"text is not encodable as UTF-8 at character {exc.start} "
+                              f"(lone surrogate)", offset=exc.start) from exc
+    return text
+
+
+def has_visible_content(text: str) -> bool:
+    """True when ``text`` holds at least one character that is not whitespace or invisible.
+
+    Invisible: Unicode categories Cc, Cf (zero-width space/joiners, BOM, word
+    joiner), Zs, Zl, Zp.
+    """
+    return any(not c.isspace() and unicodedata.category(c) not in _INVISIBLE_CATEGORIES for c in text)
+
+
+def html_to_text(html: bytes | str) -> str:
+    """The visible body text of an HTML page (see the module docstring for the rules).
+
+    Returns un-normalised text with ``\\n`` line ends, blocks separated by one
+    blank line, no trailing spaces on lines, stripped at both ends.
+    """
+    import warnings
+
+    from bs4 import BeautifulSoup, XMLParsedAsHTMLWarning
+
+    with warnings.catch_warnings():
+        # XHTML pages (the PostgreSQL docs) start with an XML declaration; lxml's HTML
+        # parser reads them correctly, and it is the lenient parser we want.
+        warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
+        soup = BeautifulSoup(html, "lxml")
+    root = soup.body or soup
+    out = _TextBuilder()
+    _walk(root, out, pre=False)
+    return out.finish()
+
+
+class _TextBuilder:
+    """Collects inline text into blocks; a block ends at every block-element boundary."""
+
+    def __init__(self) -> None:
+        self.blocks: list[str] = []
+        self.parts: list[str] = []
+        self.prefix = ""
+
+    def text(self, s: str, pre: bool) -> None:
+        if not pre:
+            s = _WS.sub(" ", s)
+            if not self.parts or self.parts[-1].endswith((" ", "\n")):
+                s = s.lstrip(" ")
+        if s:
+            self.parts.append(s)
+
+    def raw_block(self, s: str) -> None:
+        self.flush()
+        s = "\n".join(line.rstrip() for line in s.strip("\n").split("\n"))
+        if s.strip():
+            self.blocks.append(self._take_prefix() + s)
+
+    def newline(self) -> None:
+        self.parts.append("\n")
+
+    def flush(self) -> None:
+        joined = "".join(self.parts)
+        self.parts = []
+        lines = [line.strip(" ") for line in joined.split("\n")]
+        block = "\n".join(line for line in lines if line)
+        if block:
+            self.blocks.append(self._take_prefix() + block)
+
+    def _take_prefix(self) -> str:
+        p, self.prefix = self.prefix, ""
+        return p
+
+    def finish(self) -> str:
+        self.flush()
+        return "\n\n".join(self.blocks).strip()
+
+
+def _walk(node: Any, out: _TextBuilder, pre: bool) -> None:
+    from bs4 import Comment, Declaration, Doctype, NavigableString, ProcessingInstruction, Tag
+
+    for child in node.children:
+        if isinstance(child, Comment | Declaration | Doctype | ProcessingInstruction):
+            continue
+        if isinstance(child, NavigableString):
+            out.text(str(child), pre)
+            continue
+        if not isinstance(child, Tag):
+            continue
+        name = child.name.lower() if child.name else ""
+        if name in _SKIP_TAGS or _SKIP_CLASSES.intersection(child.get("class") or ()):
+            continue
+        if name == "br":
+            out.newline()
+        elif name == "pre":
+            out.raw_block(child.get_text())
+        elif name in _BLOCK_TAGS:
+            out.flush()
+            if name == "li":
+                out.prefix = "- "
+            _walk(child, out, pre)
+            out.flush()
+        elif name in _CELL_TAGS:
+            if out.parts and "".join(out.parts).strip():
+                out.text(" | ", pre=True)
+            _walk(child, out, pre)
+        else:
+            _walk(child, out, pre)
+
+
+def extract_text(raw: bytes, kind: str) -> str:
+    """Decode (and for HTML, extract) ``raw`` into normalised text (:func:`normalize_text`).
+
+    Raises:
+        UnsupportedType: unknown ``kind``.
+        InvalidEncoding: binary content or invalid UTF-8 (text kinds; HTML may
+            declare another charset, which BeautifulSoup honours).
+        EmptyContent: nothing visible is left.
+    """
+    check_kind(kind)
+    if kind == "html":
+        if b"\x00" in raw:
+            raise InvalidEncoding("binary content: the bytes contain NUL characters",
+                                  offset=raw.index(b"\x00"))
+        text = html_to_text(raw)
+    else:
+        text = decode_utf8(raw)
+    return finish_text(text)
+
+
+def finish_text(text: str) -> str:
+    """Validate and normalise already-decoded text.
+
+    Raises:
+        InvalidEncoding: NUL or lone surrogates.
+        EmptyContent: empty, whitespace-only or invisible-only text.
+    """
+    text = normalize_text(check_text(text))
+    if not has_visible_content(text):
+        raise EmptyContent("no visible content: the text is empty, whitespace-only or made of "
+                           "invisible characters only")
+    return text

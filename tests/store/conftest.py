@@ -1,0 +1,56 @@
+"""Store fixtures: the generator's real tokenizer (converted once), the embedder's word-piece
+counter, a chunker config, and a small ``ingest`` helper bound to the engine under test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from retrieval.chunking import ChunkerConfig, wordpiece_counter
+from retrieval.tokens import HFTextTokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def generator_dir() -> Path:
+    """The fp32 SmolLM2 directory (converted from the packaged GGUF once per data dir)."""
+    from app.assets import ensure_packaged_generator
+
+    data_dir = Path(os.environ.get("RAGBUDGET_TEST_MODEL_DATA_DIR", REPO / "ragbudget-data"))
+    return ensure_packaged_generator(data_dir)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(generator_dir: Path) -> HFTextTokenizer:
+    from app.assets import load_tokenizer
+
+    return HFTextTokenizer(load_tokenizer(generator_dir), name="smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def embed_count() -> Callable[[str], int]:
+    from app.assets import packaged_embedder_path
+
+    return wordpiece_counter(packaged_embedder_path())
+
+
+@pytest.fixture
+def config() -> ChunkerConfig:
+    return ChunkerConfig(chunk_tokens=64, overlap_tokens=8)
+
+
+@pytest.fixture
+def ingest(engine, tokenizer, config, embed_count):  # type: ignore[no-untyped-def]
+    """``ingest(items, delete_ids=(), **kw) -> IngestReport`` on the engine under test."""
+    from retrieval.store import ingest_batch
+
+    def run(items, delete_ids=(), **kw):  # type: ignore[no-untyped-def]
+        kw.setdefault("chunker_config", config)
+        kw.setdefault("embed_token_count", embed_count)
+        return ingest_batch(engine, items, tokenizer=tokenizer, delete_ids=delete_ids, **kw)
+
+    return run
