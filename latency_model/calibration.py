@@ -1,0 +1,298 @@
+"""Calibration: time real prefills and decode steps over a grid, fit a profile.
+
+The room's edge: this module drives a :class:`PrefillTimer` (the local
+generator, a remote engine measured from the client side, or a fake in tests)
+and reads the clock only through it. The grid is crossed (prompt lengths x
+cached-prefix lengths), repeated, shuffled with a seeded RNG so slow drifts
+(thermal, other processes) spread over all points instead of biasing one
+length, preceded by warm-up calls, and followed by fresh points at random
+lengths that are measured in the same interleaved run but never fitted.
+Every raw sample, warm-ups included, is kept in the profile.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import random
+import sys
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from foundation.errors import BackendError, InvalidInput
+from latency_model.fitting import coverage, finite_or_none, fit_decode, fit_prefill, mape, select_prefill
+from latency_model.profile import Profile
+from latency_model.roofline import build_prior, datasheet_peaks
+
+QUICK_MAX_PROMPT_TOKENS = 2048
+QUICK_LADDER = (8, 32, 96, 256, 512, 768, 1024, 1536, 2048)
+FULL_LADDER = (8, 32, 96, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384,
+               24576, 32768)
+IDENTITY_KEYS = ("device", "device_name", "model_id", "weights_hash", "dtype", "threads",
+                 "context_window", "backend")
+
+
+@runtime_checkable
+class PrefillTimer(Protocol):
+    """What calibration needs from a generator.
+
+    ``identity``: dict with :data:`IDENTITY_KEYS`.
+    ``prefill_ms(prompt_tokens, cached_tokens)``: wall ms of one prefill of
+    ``prompt_tokens`` tokens whose first ``cached_tokens`` come from a prefix KV
+    cache (building that cache is not timed), up to the first token's logits,
+    synchronised on CUDA.
+    ``decode_step_ms(context_tokens)``: wall ms of one decode step at that context.
+    """
+
+    identity: dict[str, Any]
+
+    def prefill_ms(self, prompt_tokens: int, cached_tokens: int) -> float: ...
+
+    def decode_step_ms(self, context_tokens: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class CalibrationGrid:
+    """What to measure. Token counts in tokens; every fit point is measured ``repeats`` times."""
+
+    name: str
+    prompt_tokens: tuple[int, ...]
+    cached_tokens: tuple[int, ...]
+    repeats: int
+    warmup: int
+    fresh_points: int
+    decode_contexts: tuple[int, ...]
+    decode_repeats: int
+    max_prompt_tokens: int
+    note: str
+
+    def fit_points(self) -> list[tuple[int, int]]:
+        """``(prompt, cached)`` pairs measured for fitting: every length x every cached length < it."""
+        return [(n, c) for n in self.prompt_tokens for c in self.cached_tokens if c < n]
+
+
+def _cached_list(scaffold_tokens: list[int], top: int) -> tuple[int, ...]:
+    if any(int(s) < 0 for s in scaffold_tokens):
+        raise InvalidInput("scaffold token counts must be >= 0")
+    return tuple(sorted({0, *(int(s) for s in scaffold_tokens if 0 < int(s) < top)}))
+
+
+def quick_grid(context_window: int, scaffold_tokens: list[int]) -> CalibrationGrid:
+    """The ``--quick`` grid: prompts up to 2048 tokens (or the window), 3 repeats.
+
+    2048 tokens is where the planner operates on a CPU with a sub-10 s budget; a
+    profile from this grid says so in ``calibration.note`` and predictions past
+    it are extrapolations. Under 2 minutes for SmolLM2-135M on 2 CPU cores.
+
+    Raises:
+        InvalidInput: ``context_window < 16`` or a negative scaffold size.
+    """
+    if context_window < 16:
+        raise InvalidInput("context_window must be >= 16 tokens")
+    top = min(context_window, QUICK_MAX_PROMPT_TOKENS)
+    ladder = tuple(sorted({n for n in QUICK_LADDER if n < top} | {top}))
+    return CalibrationGrid(
+        name="quick", prompt_tokens=ladder, cached_tokens=_cached_list(scaffold_tokens, top),
+        repeats=3, warmup=3, fresh_points=12,
+        decode_contexts=tuple(sorted({c for c in (16, 512, 1024) if c < top} | {top})),
+        decode_repeats=4, max_prompt_tokens=top,
+        note=f"quick grid: prompts {ladder[0]}..{top} tokens of a {context_window}-token window; "
+             f"predictions above {top} tokens are extrapolated")
+
+
+def full_grid(context_window: int, scaffold_tokens: list[int]) -> CalibrationGrid:
+    """The full grid: prompts from 8 tokens up to the whole context window.
+
+    Raises:
+        InvalidInput: ``context_window < 16`` or a negative scaffold size.
+    """
+    if context_window < 16:
+        raise InvalidInput("context_window must be >= 16 tokens")
+    top = context_window
+    ladder = tuple(sorted({n for n in FULL_LADDER if n < top} | {top}))
+    return CalibrationGrid(
+        name="full", prompt_tokens=ladder, cached_tokens=_cached_list(scaffold_tokens, top),
+        repeats=3, warmup=3, fresh_points=16,
+        decode_contexts=tuple(sorted({c for c in (16, 512, 2048, 4096) if c < top} | {top})),
+        decode_repeats=4, max_prompt_tokens=top,
+        note=f"full grid: prompts {ladder[0]}..{top} tokens (the whole context window)")
+
+
+def _fresh_points(grid: CalibrationGrid, rng: random.Random) -> list[tuple[int, int]]:
+    lo, hi = math.log(max(4, grid.prompt_tokens[0])), math.log(grid.max_prompt_tokens)
+    taken = set(grid.prompt_tokens)
+    out: list[tuple[int, int]] = []
+    while len(out) < grid.fresh_points:
+        n = int(round(math.exp(rng.uniform(lo, hi))))
+        if n in taken or n > grid.max_prompt_tokens:
+            continue
+        cached = [c for c in grid.cached_tokens if c < n]
+        out.append((n, rng.choice(cached)))
+        taken.add(n)
+    return out
+
+
+def schedule(grid: CalibrationGrid, seed: int) -> list[tuple[str, int, int, str]]:
+    """The measurement order: ``(kind, tokens, cached, role)`` with kind ``prefill``/``decode``.
+
+    Warm-ups first (``warmup`` calls per cached length, alternating the smallest
+    and a middle length), then fit
+    points x repeats, fresh points and decode steps, all shuffled together with
+    ``random.Random(seed)``. Deterministic for a given grid and seed.
+    """
+    rng = random.Random(seed)
+    mid = grid.prompt_tokens[len(grid.prompt_tokens) // 2]
+    warm = [("prefill", max((grid.prompt_tokens[0], mid)[i % 2], c + 1), c, "warmup")
+            for c in grid.cached_tokens for i in range(grid.warmup)]
+    warm += [("decode", grid.decode_contexts[0], 0, "warmup")]
+    body = [("prefill", n, c, "fit") for n, c in grid.fit_points() for _ in range(grid.repeats)]
+    body += [("prefill", n, c, "fresh") for n, c in _fresh_points(grid, rng)]
+    body += [("decode", ctx, 0, "fit") for ctx in grid.decode_contexts for _ in range(grid.decode_repeats)]
+    rng.shuffle(body)
+    return warm + body
+
+
+def software_versions() -> dict[str, str]:
+    """Versions of Python and the packages a timing depends on (``"absent"`` when not installed)."""
+    out = {"python": platform.python_version()}
+    for pkg in ("ragbudget", "torch", "transformers", "numpy", "scipy"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "absent"
+    return out
+
+
+def now_iso() -> str:
+    """Current UTC time, ISO 8601 with microseconds."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def _measure(value: float, what: str) -> float:
+    ms = float(value)
+    if not math.isfinite(ms) or ms <= 0:
+        raise BackendError(f"timer returned {value!r} ms for {what}; expected a positive time")
+    return ms
+
+
+def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, progress: bool = True,
+              prefill_model: str | None = None) -> Profile:
+    """Measure ``timer`` over ``grid`` and fit a ``source="fitted"`` :class:`Profile`.
+
+    Args:
+        timer: the generator (see :class:`PrefillTimer`).
+        grid: :func:`quick_grid` or :func:`full_grid` output.
+        seed: seeds the interleaved order and the fresh points.
+        progress: show a tqdm bar on stderr.
+        prefill_model: force a prefill form; default: chosen by leave-one-length-out MAPE
+            (:func:`latency_model.fitting.select_prefill`).
+
+    Raises:
+        BackendError: the timer failed or returned a non-positive time.
+        InvalidInput: the grid has fewer than three prompt lengths.
+    """
+    from tqdm import tqdm
+
+    identity = dict(timer.identity)
+    plan = schedule(grid, seed)
+    prefill_rows: list[list[Any]] = []
+    decode_rows: list[list[Any]] = []
+    started = now_iso()
+    bar = tqdm(total=len(plan), desc=f"calibrate ({grid.name})", unit="call", file=sys.stderr,
+               disable=not progress, dynamic_ncols=True)
+    try:
+        for kind, tokens, cached, role in plan:
+            bar.set_postfix_str(f"{kind} {tokens}/{cached}", refresh=False)
+            if kind == "prefill":
+                ms = _measure(timer.prefill_ms(tokens, cached), f"prefill({tokens}, {cached})")
+                prefill_rows.append([tokens, cached, ms, role])
+            else:
+                ms = _measure(timer.decode_step_ms(tokens), f"decode_step({tokens})")
+                decode_rows.append([tokens, ms, role])
+            bar.update(1)
+    finally:
+        bar.close()
+    return fit_profile(identity, prefill_rows, decode_rows, grid=grid, seed=seed, started_at=started,
+                       prefill_model=prefill_model)
+
+
+def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_rows: list[list[Any]],
+                *, grid: CalibrationGrid, seed: int, started_at: str,
+                prefill_model: str | None = None) -> Profile:
+    """Fit a profile from raw rows ``[prompt, cached, ms, role]`` and ``[context, ms, role]``.
+
+    Fit rows (role ``fit``) train the models; ``fresh`` rows score them (MAPE of
+    the p50, share of measurements at or below the p95); ``warmup`` rows are kept
+    but unused.
+
+    Raises:
+        InvalidInput: too few fit rows or lengths.
+    """
+    fit = np.array([r[:3] for r in prefill_rows if r[3] == "fit"], dtype=np.float64).reshape(-1, 3)
+    fresh = np.array([r[:3] for r in prefill_rows if r[3] == "fresh"], dtype=np.float64).reshape(-1, 3)
+    dec = np.array([r[:2] for r in decode_rows if r[2] == "fit"], dtype=np.float64).reshape(-1, 2)
+    if prefill_model is None:
+        chosen, comparison = select_prefill(fit[:, 0], fit[:, 1], fit[:, 2])
+    else:
+        chosen = fit_prefill(fit[:, 0], fit[:, 1], fit[:, 2], prefill_model)
+        comparison = {prefill_model: chosen.loo_length_mape}
+    decode_fit = fit_decode(dec[:, 0], dec[:, 1])
+    device = str(identity.get("device", "cpu"))
+    profile_kwargs: dict[str, Any] = dict(
+        source="fitted", created_at=now_iso(), device=device,
+        device_name=str(identity.get("device_name", device)),
+        model_id=str(identity.get("model_id", "unknown")),
+        weights_hash=str(identity.get("weights_hash", "")),
+        dtype=str(identity.get("dtype", "")).replace("torch.", ""),
+        threads=identity.get("threads") if device.startswith("cpu") else None,
+        backend=str(identity.get("backend", "local")),
+        context_window=identity.get("context_window"),
+        prefill_model=chosen.predictor.name, prefill_coefficients=chosen.predictor.coefficients,
+        prefill_quantiles=chosen.quantiles,
+        decode_model=decode_fit.predictor.name, decode_coefficients=decode_fit.predictor.coefficients,
+        decode_quantiles=decode_fit.quantiles,
+        form_comparison={k: finite_or_none(v) for k, v in comparison.items()},
+        calibration={**asdict(grid), "seed": seed, "started_at": started_at,
+                     "prefill_fit_samples": int(fit.shape[0]), "fresh_samples": int(fresh.shape[0]),
+                     "decode_samples": int(dec.shape[0])},
+        samples={"prefill": [[int(n), int(c), float(ms), str(role)] for n, c, ms, role in prefill_rows],
+                 "decode": [[int(x), float(ms), str(role)] for x, ms, role in decode_rows]},
+        software=software_versions(), notes=[grid.note],
+    )
+    held_out: dict[str, Any] = {
+        "loo_length_mape": finite_or_none(chosen.loo_length_mape),
+        "in_sample_mape": finite_or_none(chosen.in_sample_mape),
+        "decode_loo_context_mape": finite_or_none(decode_fit.loo_context_mape),
+        "decode_in_sample_mape": finite_or_none(decode_fit.in_sample_mape),
+        "fresh_points": int(fresh.shape[0]), "fresh_mape": None, "fresh_p95_coverage": None,
+    }
+    draft = Profile.create(held_out=held_out, **profile_kwargs)
+    if fresh.shape[0]:
+        p50, p95 = draft.predict_ttft_many(fresh[:, 0], fresh[:, 1])
+        held_out["fresh_mape"] = finite_or_none(mape(fresh[:, 2], p50))
+        held_out["fresh_p95_coverage"] = finite_or_none(coverage(fresh[:, 2], p95))
+        return Profile.create(held_out=held_out, **profile_kwargs)
+    return draft
+
+
+def make_prior(identity: dict[str, Any], config: dict[str, Any]) -> Profile:
+    """A roofline prior for ``identity``: datasheet peaks on a GPU, a < 1 s probe on a CPU.
+
+    Raises:
+        InvalidConfig: a GPU not in the datasheet table, or a config without the needed fields.
+    """
+    from latency_model.probe import probe_cpu
+
+    device = str(identity.get("device", "cpu"))
+    dtype = str(identity.get("dtype", "float32"))
+    if device.startswith("cuda"):
+        flops, bw, source = datasheet_peaks(str(identity.get("device_name", "")), dtype)
+    else:
+        probe = probe_cpu(int(identity.get("threads") or 1))
+        flops, bw, source = probe["peak_flops"], probe["bandwidth_bytes_s"], probe["source"]
+    return build_prior(identity, config, peak_flops=flops, bandwidth_bytes_s=bw, peaks_source=source,
+                       created_at=now_iso(), software=software_versions())

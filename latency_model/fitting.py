@@ -1,0 +1,204 @@
+"""Fitting cost models to timed samples: residual quantiles, held-out error, form selection.
+
+All error figures are fractions (``0.021`` = 2.1 %). Residuals are relative:
+``r = measured / predicted - 1``, so a band ``[predicted*(1+q05), predicted*(1+q95)]``
+scales with the prediction.
+
+Held-out error is leave-one-length-out: every distinct prompt length (all its
+cached variants and repeats) is predicted by a fit that never saw that
+length, the cross-validation Vidur uses to report predictor error on unseen
+shapes. Fresh points measured in the same interleaved run but never fitted
+give the p95 coverage (:func:`coverage`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from foundation.errors import InvalidInput
+from latency_model.predictors import (
+    DEFAULT_PREFILL_MODEL,
+    PREFILL_MODELS,
+    DecodePredictor,
+    PrefillPredictor,
+    decode_model,
+    prefill_model,
+)
+
+# Quantile levels kept with every profile, by key.
+QUANTILES: dict[str, float] = {"p05": 0.05, "p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99}
+# A non-default form must beat the default's held-out MAPE by more than this (absolute fraction).
+SELECTION_TOLERANCE = 0.002
+
+
+def _f64(values: ArrayLike) -> NDArray[np.float64]:
+    return np.atleast_1d(np.asarray(values, dtype=np.float64))
+
+
+def relative_residuals(measured_ms: ArrayLike, predicted_ms: ArrayLike) -> NDArray[np.float64]:
+    """``measured / predicted - 1`` elementwise, shape ``(N,)``.
+
+    Raises:
+        InvalidInput: a prediction is not > 0.
+    """
+    y, p = _f64(measured_ms), _f64(predicted_ms)
+    if np.any(p <= 0):
+        raise InvalidInput("predictions must be > 0 ms to form relative residuals")
+    return np.asarray(y / p - 1.0, dtype=np.float64)
+
+
+def residual_quantiles(residuals: ArrayLike) -> dict[str, float]:
+    """Quantiles of relative residuals, keyed ``p05 .. p99``.
+
+    ``p50`` is the plain median. For the tails a split-conformal correction is
+    applied: an upper level ``q`` is read at ``min(1, q*(N+1)/N)`` with the
+    ``higher`` rule (lower levels mirrored), so with ``N`` residuals an
+    unseen point falls below the ``q`` quantile with probability at least
+    ``q`` when the residuals are exchangeable (Vovk et al., 2005; Lei et al., 2018).
+
+    Raises:
+        InvalidInput: no residuals.
+    """
+    r = _f64(residuals)
+    if r.size == 0:
+        raise InvalidInput("no residuals to take quantiles of")
+    n = r.size
+    out = {}
+    for key, q in QUANTILES.items():
+        if q == 0.5:
+            out[key] = float(np.median(r))
+        elif q > 0.5:
+            out[key] = float(np.quantile(r, min(1.0, q * (n + 1) / n), method="higher"))
+        else:
+            out[key] = float(np.quantile(r, max(0.0, (q * (n + 1) - 1) / n), method="lower"))
+    return out
+
+
+def mape(measured_ms: ArrayLike, predicted_ms: ArrayLike) -> float:
+    """Mean absolute percentage error as a fraction: ``mean(|predicted - measured| / measured)``."""
+    y, p = _f64(measured_ms), _f64(predicted_ms)
+    if y.size == 0:
+        raise InvalidInput("no points to score")
+    return float(np.mean(np.abs(p - y) / y))
+
+
+def coverage(measured_ms: ArrayLike, upper_ms: ArrayLike) -> float:
+    """Fraction of measurements at or below their predicted upper bound (e.g. the p95)."""
+    y, u = _f64(measured_ms), _f64(upper_ms)
+    if y.size == 0:
+        raise InvalidInput("no points to score")
+    return float(np.mean(y <= u))
+
+
+def leave_one_group_out(fit_and_predict, groups: NDArray[np.float64], n_points: int) -> NDArray[np.float64]:  # type: ignore[no-untyped-def]
+    """Held-out predictions: for each distinct value in ``groups``, fit without it, predict it.
+
+    ``fit_and_predict(train_mask, test_mask) -> predictions for test rows``.
+    Returns ``(n_points,)`` held-out predictions.
+
+    Raises:
+        InvalidInput: fewer than three distinct groups.
+    """
+    values = np.unique(groups)
+    if values.size < 3:
+        raise InvalidInput("leave-one-out needs at least three distinct lengths")
+    out = np.empty(n_points, dtype=np.float64)
+    for v in values:
+        test = groups == v
+        out[test] = fit_and_predict(~test, test)
+    return out
+
+
+@dataclass(frozen=True)
+class PrefillFit:
+    """A fitted prefill model with its residual quantiles and errors (fractions)."""
+
+    predictor: PrefillPredictor
+    quantiles: dict[str, float]
+    in_sample_mape: float
+    loo_length_mape: float
+
+
+@dataclass(frozen=True)
+class DecodeFit:
+    """A fitted decode model with its residual quantiles and errors (fractions)."""
+
+    predictor: DecodePredictor
+    quantiles: dict[str, float]
+    in_sample_mape: float
+    loo_context_mape: float | None
+
+
+def fit_prefill(prompt_tokens: ArrayLike, cached_tokens: ArrayLike, ttft_ms: ArrayLike,
+                model: str = DEFAULT_PREFILL_MODEL) -> PrefillFit:
+    """Fit prefill model ``model`` on all points; score it leave-one-length-out.
+
+    Args:
+        prompt_tokens, cached_tokens, ttft_ms: ``(N,)`` samples (every repeat its own row).
+        model: a name in ``latency_model.predictors.PREFILL_MODELS``.
+
+    Raises:
+        InvalidInput: unknown model, bad samples, or fewer than three distinct prompt lengths.
+    """
+    cls = prefill_model(model)
+    n, c, y = _f64(prompt_tokens), _f64(cached_tokens), _f64(ttft_ms)
+    predictor = cls.fit(n, c, y)
+    fitted = predictor.predict_ms(n, c)
+
+    def _fp(train: NDArray[np.bool_], test: NDArray[np.bool_]) -> NDArray[np.float64]:
+        return cls.fit(n[train], c[train], y[train]).predict_ms(n[test], c[test])
+
+    held_out = leave_one_group_out(_fp, n, n.size)
+    return PrefillFit(predictor=predictor,
+                      quantiles=residual_quantiles(relative_residuals(y, fitted)),
+                      in_sample_mape=mape(y, fitted),
+                      loo_length_mape=mape(y, np.maximum(held_out, 1e-9)))
+
+
+def select_prefill(prompt_tokens: ArrayLike, cached_tokens: ArrayLike, ttft_ms: ArrayLike,
+                   candidates: tuple[str, ...] | None = None) -> tuple[PrefillFit, dict[str, float]]:
+    """Fit every candidate form; keep the one the held-out data favour.
+
+    The default form (``quadratic``, DESIGN.md) is kept unless another form's
+    leave-one-length-out MAPE is lower by more than :data:`SELECTION_TOLERANCE`.
+
+    Returns:
+        ``(chosen fit, {form name: loo_length_mape})``.
+    """
+    names = candidates or tuple(PREFILL_MODELS)
+    fits = {name: fit_prefill(prompt_tokens, cached_tokens, ttft_ms, name) for name in names}
+    scores = {name: f.loo_length_mape for name, f in fits.items()}
+    best = min(names, key=lambda k: (scores[k], k))
+    if DEFAULT_PREFILL_MODEL in fits and scores[DEFAULT_PREFILL_MODEL] <= scores[best] + SELECTION_TOLERANCE:
+        best = DEFAULT_PREFILL_MODEL
+    return fits[best], scores
+
+
+def fit_decode(context_tokens: ArrayLike, tpot_ms: ArrayLike, model: str = "linear_decode") -> DecodeFit:
+    """Fit the decode model; leave-one-context-out MAPE when there are >= 3 contexts.
+
+    Raises:
+        InvalidInput: unknown model or bad samples.
+    """
+    cls = decode_model(model)
+    ctx, y = _f64(context_tokens), _f64(tpot_ms)
+    predictor = cls.fit(ctx, y)
+    fitted = predictor.predict_ms(ctx)
+    loo: float | None = None
+    if np.unique(ctx).size >= 3:
+        def _fp(train: NDArray[np.bool_], test: NDArray[np.bool_]) -> NDArray[np.float64]:
+            return cls.fit(ctx[train], y[train]).predict_ms(ctx[test])
+
+        loo = mape(y, np.maximum(leave_one_group_out(_fp, ctx, ctx.size), 1e-9))
+    return DecodeFit(predictor=predictor,
+                     quantiles=residual_quantiles(relative_residuals(y, fitted)),
+                     in_sample_mape=mape(y, fitted), loo_context_mape=loo)
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """``x`` when finite, else ``None`` (JSON cannot carry NaN)."""
+    return None if x is None or not math.isfinite(x) else float(x)

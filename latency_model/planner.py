@@ -1,0 +1,161 @@
+"""The TTFT-budget planner: how many ranked chunks fit a time-to-first-token budget.
+
+For every ``k`` from 0 to ``len(chunk_tokens)`` the planner lays out the prompt
+as ``[scaffold][chunks 1..k][question][extra]`` (DESIGN.md), predicts its
+prefill time at p50 and p95 from a :class:`~latency_model.profile.Profile`, and
+checks it against the budget and the context window. Chunks are taken in rank
+order only: reordering would change what a replay rebuilds.
+
+Chosen ``k``: the largest ``k`` such that every row ``0..k`` has
+``ttft_p95_ms + overhead_ms <= budget_ms`` and
+``prompt_tokens + max_new_tokens <= context_window``. (Predictions grow with
+``k``, so this is the largest feasible ``k``; requiring the whole prefix to fit
+keeps the answer sensible even for a non-monotone profile.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from foundation.errors import InvalidInput
+from latency_model.profile import Profile
+
+BINDINGS = ("budget", "context_window", "candidates_exhausted", "nothing_fits")
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One candidate ``k``: token counts and predicted TTFT (ms) of its prompt."""
+
+    k: int
+    prompt_tokens: int
+    cached_tokens: int
+    computed_tokens: int
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    fits_budget: bool
+    fits_context: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The per-k table, the choice and why.
+
+    ``chosen_k`` is ``None`` only when even ``k = 0`` does not fit; then
+    ``binding == "nothing_fits"`` and ``min_feasible_budget_ms`` is the
+    smallest budget at which ``k = 0`` would fit (``None`` when the question
+    alone overflows the context window, which no budget can fix).
+    """
+
+    rows: list[PlanRow]
+    chosen_k: int | None
+    binding: str
+    min_feasible_budget_ms: float | None
+    budget_ms: float
+    overhead_ms: float
+    max_new_tokens: int
+    context_window: int
+    profile_id: str
+    profile_source: str
+    message: str
+
+    @property
+    def chosen(self) -> PlanRow | None:
+        """The chosen row, or ``None`` when nothing fits."""
+        return None if self.chosen_k is None else self.rows[self.chosen_k]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: every field, rows as dicts, plus ``budget_used_fraction`` (p95 based)."""
+        out = asdict(self)
+        chosen = self.chosen
+        out["budget_used_fraction"] = (None if chosen is None
+                                       else (chosen.ttft_p95_ms + self.overhead_ms) / self.budget_ms)
+        return out
+
+
+def _check_count(name: str, value: int, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidInput(f"{name} must be an integer >= {minimum}", field=name)
+    return value
+
+
+def plan(*, question_tokens: int, scaffold_tokens: int, scaffold_cached: bool,
+         chunk_tokens: list[int], budget_ms: float, profile: Profile, max_new_tokens: int,
+         context_window: int, overhead_ms: float = 0.0, extra_tokens: int = 0) -> Plan:
+    """Choose how many ranked chunks fit ``budget_ms`` at p95 and the context window.
+
+    Args:
+        question_tokens: tokens of the question as laid out in the prompt.
+        scaffold_tokens: tokens of the stable scaffold placed first.
+        scaffold_cached: the scaffold is served from the prefix KV cache.
+        chunk_tokens: token count of each candidate chunk, in rank order (as laid out).
+        budget_ms: TTFT budget in ms (finite, > 0).
+        profile: latency profile of the generator on this device.
+        max_new_tokens: tokens the answer may generate (must fit the window too).
+        context_window: the model's maximum sequence length in tokens.
+        overhead_ms: measured time spent before prefill (retrieval, tokenisation), >= 0.
+        extra_tokens: template/label tokens outside scaffold, chunks and question, counted exactly.
+
+    Returns:
+        A :class:`Plan`; never raises because nothing fits (see ``binding``).
+
+    Raises:
+        InvalidInput: a count is negative or not an integer, or budget/overhead not finite,
+        budget <= 0, overhead < 0.
+    """
+    for name, value in (("question_tokens", question_tokens), ("scaffold_tokens", scaffold_tokens),
+                        ("max_new_tokens", max_new_tokens), ("extra_tokens", extra_tokens)):
+        _check_count(name, value)
+    _check_count("context_window", context_window, 1)
+    for i, t in enumerate(chunk_tokens):
+        _check_count(f"chunk_tokens[{i}]", t)
+    if not isinstance(budget_ms, int | float) or not math.isfinite(budget_ms) or budget_ms <= 0:
+        raise InvalidInput("budget_ms must be a finite number > 0", field="budget_ms")
+    if not isinstance(overhead_ms, int | float) or not math.isfinite(overhead_ms) or overhead_ms < 0:
+        raise InvalidInput("overhead_ms must be a finite number >= 0", field="overhead_ms")
+
+    cached = scaffold_tokens if scaffold_cached else 0
+    base = scaffold_tokens + question_tokens + extra_tokens
+    prompts = [base]
+    for t in chunk_tokens:
+        prompts.append(prompts[-1] + t)
+    p50s, p95s = profile.predict_ttft_many(prompts, [cached] * len(prompts))
+    rows = [PlanRow(k=k, prompt_tokens=n, cached_tokens=cached, computed_tokens=n - cached,
+                    ttft_p50_ms=float(p50), ttft_p95_ms=float(p95),
+                    fits_budget=bool(p95 + overhead_ms <= budget_ms),
+                    fits_context=bool(n + max_new_tokens <= context_window))
+            for k, (n, p50, p95) in enumerate(zip(prompts, p50s, p95s, strict=True))]
+
+    chosen: int | None = None
+    for row in rows:
+        if not (row.fits_budget and row.fits_context):
+            break
+        chosen = row.k
+    min_budget: float | None = None
+    if chosen is None:
+        binding = "nothing_fits"
+        first = rows[0]
+        if first.fits_context:
+            min_budget = first.ttft_p95_ms + overhead_ms
+            message = (f"even k=0 needs about {min_budget:.0f} ms at p95 "
+                       f"(prefill {first.ttft_p95_ms:.0f} ms + overhead {overhead_ms:.0f} ms), "
+                       f"over the {budget_ms:.0f} ms budget")
+        else:
+            message = (f"the prompt without chunks ({first.prompt_tokens} tokens) plus "
+                       f"max_new_tokens={max_new_tokens} exceeds the {context_window}-token "
+                       f"context window; no budget can fit it")
+    elif chosen == len(chunk_tokens):
+        binding = "candidates_exhausted"
+        message = f"all {chosen} candidates fit the budget and the context window"
+    else:
+        nxt = rows[chosen + 1]
+        binding = "context_window" if not nxt.fits_context else "budget"
+        message = (f"k={chosen}: adding chunk {chosen + 1} would exceed the "
+                   + ("context window" if binding == "context_window" else
+                      f"budget (p95 {nxt.ttft_p95_ms + overhead_ms:.0f} ms > {budget_ms:.0f} ms)"))
+    return Plan(rows=rows, chosen_k=chosen, binding=binding, min_feasible_budget_ms=min_budget,
+                budget_ms=float(budget_ms), overhead_ms=float(overhead_ms),
+                max_new_tokens=max_new_tokens, context_window=context_window,
+                profile_id=profile.id, profile_source=profile.source, message=message)

@@ -1,0 +1,237 @@
+"""Prefill and decode cost models: small predictor classes behind one interface, picked by name.
+
+A predictor is a linear model over non-negative features of the token counts,
+fitted by non-negative least squares with relative-error weighting (every row
+divided by its measurement, so a 5 % miss on a 20 ms prompt costs as much as a
+5 % miss on a 2 s prompt). The pattern (named predictors, fitted parameters
+stored as JSON next to a hash of their training data) follows Microsoft's Vidur
+execution-time predictors (Agrawal et al., MLSys 2024); the quadratic prefill
+form follows DistServe's prefill estimator ``a + b*L + c*L^2`` (Zhong et al.,
+OSDI 2024), extended to a prefix cache as in ``DESIGN.md``.
+
+Prefill forms (n prompt tokens, c of them from the prefix cache, m = n - c):
+
+==================  ==========================================  =====================================
+name                ttft_ms                                     meaning of the terms
+==================  ==========================================  =====================================
+``linear``          a + b*m                                     fixed cost + per-token linear layers
+``quadratic``       a + b*m + g*m*(n + c)                       + attention (DESIGN.md, the default)
+``quadratic_split`` a + b*m + g*m*(n + c) + h*m^2               + extra causal self-attention cost
+==================  ==========================================  =====================================
+
+Every form is a sum of non-negative coefficients times features that grow with
+``m`` for a fixed prompt and never shrink when cached tokens replace computed
+ones, so with a, b, g, h >= 0 predictions are monotone in ``m`` and a cache hit
+never predicts a slower prefill (``m*(n+c) = m*(2n - m)`` has derivative
+``2c >= 0`` in ``m`` at fixed ``n``).
+
+Decode form: ``tpot_ms = d + e*context_tokens`` (``linear_decode``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.optimize import nnls
+
+from foundation.errors import InvalidInput
+
+DEFAULT_PREFILL_MODEL = "quadratic"
+DEFAULT_DECODE_MODEL = "linear_decode"
+
+
+def _as_tokens(values: ArrayLike, name: str) -> NDArray[np.float64]:
+    arr = np.atleast_1d(np.asarray(values, dtype=np.float64))
+    if arr.ndim != 1 or not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise InvalidInput(f"{name} must be finite, non-negative token counts", field=name)
+    return arr
+
+
+def weighted_nnls(features: NDArray[np.float64], measured_ms: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Non-negative least squares on relative error: ``min sum(((X @ beta) / y - 1)^2), beta >= 0``.
+
+    Args:
+        features: ``(N, p)`` float64, non-negative.
+        measured_ms: ``(N,)`` float64, strictly positive measurements.
+
+    Returns:
+        ``(p,)`` float64 coefficients, all ``>= 0``.
+
+    Columns are scaled to unit norm before ``scipy.optimize.nnls`` (the
+    features span ~1 to ~1e8) and the scale is undone afterwards; positive
+    scaling keeps the constraint ``beta >= 0`` intact.
+
+    Raises:
+        InvalidInput: shapes disagree, fewer rows than coefficients, or a measurement is not > 0.
+    """
+    y = np.asarray(measured_ms, dtype=np.float64)
+    x = np.asarray(features, dtype=np.float64)
+    if x.ndim != 2 or y.ndim != 1 or x.shape[0] != y.shape[0]:
+        raise InvalidInput("features must be (N, p) and measurements (N,)")
+    if x.shape[0] < x.shape[1]:
+        raise InvalidInput(f"need at least {x.shape[1]} samples to fit, got {x.shape[0]}")
+    if not np.all(np.isfinite(y)) or np.any(y <= 0):
+        raise InvalidInput("measurements must be finite and > 0 ms")
+    a = x / y[:, None]
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    beta, _ = nnls(a / scale, np.ones_like(y), maxiter=50 * x.shape[1])
+    return np.asarray(beta / scale, dtype=np.float64)
+
+
+class Predictor:
+    """One cost model: named coefficients over features of token counts (ms out).
+
+    Subclasses set ``name``, ``coefficient_names`` and implement :meth:`features`.
+    """
+
+    name: ClassVar[str] = ""
+    coefficient_names: ClassVar[tuple[str, ...]] = ()
+    formula: ClassVar[str] = ""
+
+    def __init__(self, coefficients: dict[str, float]) -> None:
+        missing = set(self.coefficient_names) - set(coefficients)
+        extra = set(coefficients) - set(self.coefficient_names)
+        if missing or extra:
+            raise InvalidInput(f"{self.name} needs coefficients {self.coefficient_names}, got "
+                               f"{sorted(coefficients)}")
+        if any(not np.isfinite(v) or v < 0 for v in coefficients.values()):
+            raise InvalidInput(f"{self.name} coefficients must be finite and >= 0")
+        self.coefficients = {k: float(coefficients[k]) for k in self.coefficient_names}
+        self._beta = np.array([self.coefficients[k] for k in self.coefficient_names])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.coefficients})"
+
+
+class PrefillPredictor(Predictor):
+    """A prefill (TTFT) cost model over ``(prompt_tokens, cached_tokens)``."""
+
+    @classmethod
+    def features(cls, prompt_tokens: ArrayLike, cached_tokens: ArrayLike) -> NDArray[np.float64]:
+        """``(N, p)`` features for ``N`` prompts (``cached_tokens <= prompt_tokens``).
+
+        Raises:
+            InvalidInput: negative counts, or more cached than prompt tokens.
+        """
+        n = _as_tokens(prompt_tokens, "prompt_tokens")
+        c = _as_tokens(cached_tokens, "cached_tokens")
+        n, c = np.broadcast_arrays(n, c)
+        if np.any(c > n):
+            raise InvalidInput("cached_tokens cannot exceed prompt_tokens")
+        return cls._features(n, c, n - c)
+
+    @classmethod
+    def _features(cls, n: NDArray[np.float64], c: NDArray[np.float64],
+                  m: NDArray[np.float64]) -> NDArray[np.float64]:
+        raise NotImplementedError
+
+    def predict_ms(self, prompt_tokens: ArrayLike, cached_tokens: ArrayLike) -> NDArray[np.float64]:
+        """Point prediction in ms, shape ``(N,)``."""
+        return np.asarray(self.features(prompt_tokens, cached_tokens) @ self._beta, dtype=np.float64)
+
+    @classmethod
+    def fit(cls, prompt_tokens: ArrayLike, cached_tokens: ArrayLike,
+            ttft_ms: ArrayLike) -> PrefillPredictor:
+        """Fit by relative-error NNLS (:func:`weighted_nnls`) to measured TTFTs in ms."""
+        beta = weighted_nnls(cls.features(prompt_tokens, cached_tokens),
+                             np.asarray(ttft_ms, dtype=np.float64))
+        return cls(dict(zip(cls.coefficient_names, beta.tolist(), strict=True)))
+
+
+class LinearPrefill(PrefillPredictor):
+    name = "linear"
+    coefficient_names = ("a", "b")
+    formula = "a + b*m"
+
+    @classmethod
+    def _features(cls, n: NDArray[np.float64], c: NDArray[np.float64],
+                  m: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.column_stack([np.ones_like(m), m])
+
+
+class QuadraticPrefill(PrefillPredictor):
+    name = "quadratic"
+    coefficient_names = ("a", "b", "g")
+    formula = "a + b*m + g*m*(n + c)"
+
+    @classmethod
+    def _features(cls, n: NDArray[np.float64], c: NDArray[np.float64],
+                  m: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.column_stack([np.ones_like(m), m, m * (n + c)])
+
+
+class QuadraticSplitPrefill(PrefillPredictor):
+    name = "quadratic_split"
+    coefficient_names = ("a", "b", "g", "h")
+    formula = "a + b*m + g*m*(n + c) + h*m^2"
+
+    @classmethod
+    def _features(cls, n: NDArray[np.float64], c: NDArray[np.float64],
+                  m: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.column_stack([np.ones_like(m), m, m * (n + c), m * m])
+
+
+class DecodePredictor(Predictor):
+    """A decode (TPOT) cost model over the context length."""
+
+    @classmethod
+    def features(cls, context_tokens: ArrayLike) -> NDArray[np.float64]:
+        """``(N, p)`` features of ``N`` context lengths."""
+        return cls._features(_as_tokens(context_tokens, "context_tokens"))
+
+    @classmethod
+    def _features(cls, ctx: NDArray[np.float64]) -> NDArray[np.float64]:
+        raise NotImplementedError
+
+    def predict_ms(self, context_tokens: ArrayLike) -> NDArray[np.float64]:
+        """Point prediction of one decode step in ms, shape ``(N,)``."""
+        return np.asarray(self.features(context_tokens) @ self._beta, dtype=np.float64)
+
+    @classmethod
+    def fit(cls, context_tokens: ArrayLike, tpot_ms: ArrayLike) -> DecodePredictor:
+        """Fit by relative-error NNLS to measured decode-step times in ms."""
+        beta = weighted_nnls(cls.features(context_tokens), np.asarray(tpot_ms, dtype=np.float64))
+        return cls(dict(zip(cls.coefficient_names, beta.tolist(), strict=True)))
+
+
+class LinearDecode(DecodePredictor):
+    name = "linear_decode"
+    coefficient_names = ("d", "e")
+    formula = "d + e*context"
+
+    @classmethod
+    def _features(cls, ctx: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.column_stack([np.ones_like(ctx), ctx])
+
+
+PREFILL_MODELS: dict[str, type[PrefillPredictor]] = {
+    cls.name: cls for cls in (LinearPrefill, QuadraticPrefill, QuadraticSplitPrefill)
+}
+DECODE_MODELS: dict[str, type[DecodePredictor]] = {LinearDecode.name: LinearDecode}
+
+
+def prefill_model(name: str) -> type[PrefillPredictor]:
+    """The prefill predictor class registered as ``name``.
+
+    Raises:
+        InvalidInput: unknown name.
+    """
+    try:
+        return PREFILL_MODELS[name]
+    except KeyError:
+        raise InvalidInput(f"unknown prefill model {name!r}; known: {sorted(PREFILL_MODELS)}") from None
+
+
+def decode_model(name: str) -> type[DecodePredictor]:
+    """The decode predictor class registered as ``name``.
+
+    Raises:
+        InvalidInput: unknown name.
+    """
+    try:
+        return DECODE_MODELS[name]
+    except KeyError:
+        raise InvalidInput(f"unknown decode model {name!r}; known: {sorted(DECODE_MODELS)}") from None

@@ -1,0 +1,188 @@
+"""A latency profile: fitted (or prior) prefill and decode models for one device and model.
+
+A profile is keyed by ``(device_name, model_id, weights_hash, dtype, threads)``
+(threads only on CPU) and carries everything needed to trust or audit it:
+coefficients, relative residual quantiles, held-out error, the raw samples and
+their hash, creation time and software versions. Its ``id`` is
+``sha256:`` over its own canonical JSON with ``id`` left out, so a profile
+names its content, and ``to_json``/``from_json`` round-trip bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from foundation.errors import IntegrityFailure, InvalidInput
+from foundation.hashing import canonical_json, sha256_json
+from latency_model.predictors import DecodePredictor, PrefillPredictor, decode_model, prefill_model
+
+SCHEMA_VERSION = 1
+SOURCES = ("fitted", "prior")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One device + model latency profile. Times in ms, error figures as fractions.
+
+    Build new profiles with :meth:`create` (computes ``samples_hash`` and ``id``);
+    the constructor takes the stored fields as they are.
+    """
+
+    id: str
+    source: str
+    created_at: str
+    device: str
+    device_name: str
+    model_id: str
+    weights_hash: str
+    dtype: str
+    threads: int | None
+    backend: str
+    context_window: int | None
+    prefill_model: str
+    prefill_coefficients: dict[str, float]
+    prefill_quantiles: dict[str, float]
+    decode_model: str
+    decode_coefficients: dict[str, float]
+    decode_quantiles: dict[str, float]
+    held_out: dict[str, Any] = field(default_factory=dict)
+    form_comparison: dict[str, float] = field(default_factory=dict)
+    calibration: dict[str, Any] = field(default_factory=dict)
+    samples: dict[str, list[list[Any]]] = field(default_factory=dict)
+    samples_hash: str = ""
+    software: dict[str, str] = field(default_factory=dict)
+    prior: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+    schema: int = SCHEMA_VERSION
+
+    # --- construction and identity -------------------------------------------------
+    @classmethod
+    def create(cls, **kwargs: Any) -> Profile:
+        """A new profile from its fields (without ``id``/``samples_hash``), normalised to JSON types.
+
+        Raises:
+            InvalidInput: unknown source or model name, bad coefficients, or a non-JSON value.
+        """
+        kwargs.pop("id", None)
+        kwargs["samples_hash"] = sha256_json(kwargs.get("samples", {}))
+        draft = cls(id="", **kwargs)
+        body = json.loads(canonical_json(draft._body()))  # normalise to plain JSON types
+        body["id"] = sha256_json(body)
+        return cls.from_dict(body)
+
+    def _body(self) -> dict[str, Any]:
+        body = asdict(self)
+        body.pop("id")
+        return body
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as plain JSON types (including ``id``)."""
+        return asdict(self)
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys, no whitespace); ``from_json(p.to_json()) == p``."""
+        return canonical_json(self.to_dict()).decode("utf-8")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Profile:
+        """Rebuild a profile from :meth:`to_dict` output, checking ``id`` and ``samples_hash``.
+
+        Raises:
+            InvalidInput: missing or unknown fields, unknown source or model.
+            IntegrityFailure: the stored ``id`` or ``samples_hash`` does not match the content.
+        """
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise InvalidInput(f"unknown profile fields: {sorted(unknown)}")
+        try:
+            profile = cls(**data)
+        except TypeError as exc:
+            raise InvalidInput(f"incomplete profile: {exc}") from exc
+        profile.verify()
+        return profile
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Profile:
+        """Parse :meth:`to_json` output (see :meth:`from_dict` for errors)."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f"profile is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise InvalidInput("profile JSON must be an object")
+        return cls.from_dict(data)
+
+    def verify(self) -> None:
+        """Recompute ``samples_hash`` and ``id``, and check the models load.
+
+        Raises:
+            IntegrityFailure: a hash does not match. InvalidInput: bad source, model or coefficients.
+        """
+        if self.source not in SOURCES:
+            raise InvalidInput(f"profile source must be one of {SOURCES}, got {self.source!r}")
+        if sha256_json(self.samples) != self.samples_hash:
+            raise IntegrityFailure("profile samples_hash does not match its samples", id=self.id)
+        if sha256_json(self._body()) != self.id:
+            raise IntegrityFailure("profile id does not match its content", id=self.id)
+        _ = self.prefill_predictor, self.decode_predictor
+
+    # --- key --------------------------------------------------------------------------
+    @property
+    def key(self) -> tuple[str, str, str, str, int | None]:
+        """``(device_name, model_id, weights_hash, dtype, threads)``; threads only on CPU."""
+        return (self.device_name, self.model_id, self.weights_hash, self.dtype,
+                self.threads if self.device.startswith("cpu") else None)
+
+    # --- prediction -----------------------------------------------------------------------
+    @cached_property
+    def prefill_predictor(self) -> PrefillPredictor:
+        """The prefill point predictor (no residual band)."""
+        return prefill_model(self.prefill_model)(self.prefill_coefficients)
+
+    @cached_property
+    def decode_predictor(self) -> DecodePredictor:
+        """The decode point predictor (no residual band)."""
+        return decode_model(self.decode_model)(self.decode_coefficients)
+
+    def predict_ttft_many(self, prompt_tokens: ArrayLike,
+                          cached_tokens: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Vectorised :meth:`predict_ttft_ms`: ``((N,) p50 ms, (N,) p95 ms)``."""
+        point = self.prefill_predictor.predict_ms(prompt_tokens, cached_tokens)
+        return _band(point, self.prefill_quantiles)
+
+    def predict_ttft_ms(self, prompt_tokens: int, cached_tokens: int) -> tuple[float, float]:
+        """Predicted prefill time (TTFT without queueing), ``(p50 ms, p95 ms)``.
+
+        ``p = point * (1 + q)`` with ``q`` the relative residual quantile.
+
+        Raises:
+            InvalidInput: negative counts or ``cached_tokens > prompt_tokens``.
+        """
+        p50, p95 = self.predict_ttft_many([prompt_tokens], [cached_tokens])
+        return float(p50[0]), float(p95[0])
+
+    def predict_tpot_ms(self, context_tokens: int) -> float:
+        """Predicted p50 time of one decode step at ``context_tokens`` of context, in ms."""
+        point = self.decode_predictor.predict_ms([context_tokens])
+        return float(_band(point, self.decode_quantiles)[0][0])
+
+    def summary(self) -> dict[str, Any]:
+        """The profile without its raw samples (for lists and receipts)."""
+        body = self.to_dict()
+        body.pop("samples")
+        return body
+
+
+def _band(point: NDArray[np.float64], quantiles: dict[str, float]) -> tuple[NDArray[np.float64],
+                                                                             NDArray[np.float64]]:
+    floor = 1e-6  # ms; keeps a band multiplier from driving a time to zero or below
+    p50 = np.maximum(point * (1.0 + quantiles.get("p50", 0.0)), floor)
+    p95 = np.maximum(point * (1.0 + quantiles.get("p95", 0.0)), p50)
+    return p50, p95

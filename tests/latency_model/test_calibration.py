@@ -1,0 +1,102 @@
+"""Calibration against a fake timer: grids, interleaved seeded order, raw samples, held-out scores."""
+
+from __future__ import annotations
+
+import pytest
+
+from foundation.errors import BackendError, InvalidInput
+from latency_model.calibration import PrefillTimer, calibrate, full_grid, quick_grid, schedule
+from latency_model.profile import Profile
+from tests.latency_model.conftest import TRUE_PREFILL, FakeTimer
+
+
+def test_fake_timer_satisfies_the_protocol() -> None:
+    assert isinstance(FakeTimer(), PrefillTimer)
+
+
+def test_quick_grid_stops_at_2048_and_says_so() -> None:
+    grid = quick_grid(8192, [200])
+    assert grid.max_prompt_tokens == 2048 == max(grid.prompt_tokens)
+    assert grid.cached_tokens == (0, 200)
+    assert "extrapolated" in grid.note
+
+
+def test_full_grid_reaches_the_context_window() -> None:
+    grid = full_grid(8192, [200, 450])
+    assert max(grid.prompt_tokens) == 8192
+    assert grid.cached_tokens == (0, 200, 450)
+
+
+def test_small_context_window_caps_the_quick_grid() -> None:
+    grid = quick_grid(512, [])
+    assert max(grid.prompt_tokens) == 512 and grid.cached_tokens == (0,)
+
+
+def test_every_fit_point_has_fewer_cached_than_prompt_tokens() -> None:
+    grid = quick_grid(8192, [600])
+    assert all(c < n for n, c in grid.fit_points())
+
+
+def test_schedule_is_seeded_and_interleaved() -> None:
+    grid = quick_grid(8192, [200])
+    a, b, other = schedule(grid, 1), schedule(grid, 1), schedule(grid, 2)
+    assert a == b and a != other
+    body = [x for x in a if x[3] != "warmup"]
+    lengths = [x[1] for x in body if x[0] == "prefill" and x[3] == "fit"]
+    assert lengths != sorted(lengths)
+    assert a[0][3] == "warmup"
+
+
+def test_fresh_points_are_off_the_fitting_grid() -> None:
+    grid = quick_grid(8192, [200])
+    fresh = [x for x in schedule(grid, 5) if x[3] == "fresh"]
+    assert len(fresh) == grid.fresh_points
+    assert not {x[1] for x in fresh} & set(grid.prompt_tokens)
+
+
+def test_calibration_keeps_every_raw_sample(fitted_profile: Profile) -> None:
+    grid = quick_grid(8192, [200])
+    expected = len([x for x in schedule(grid, 3) if x[0] == "prefill"])
+    assert len(fitted_profile.samples["prefill"]) == expected
+    assert {r[3] for r in fitted_profile.samples["prefill"]} == {"warmup", "fit", "fresh"}
+
+
+def test_calibration_recovers_the_fake_devices_coefficients(fitted_profile: Profile) -> None:
+    assert fitted_profile.source == "fitted"
+    assert fitted_profile.prefill_model == "quadratic"
+    for name, value in TRUE_PREFILL.items():
+        assert fitted_profile.prefill_coefficients[name] == pytest.approx(value, rel=0.15)
+
+
+def test_held_out_scores_meet_the_targets_on_two_percent_noise(fitted_profile: Profile) -> None:
+    held = fitted_profile.held_out
+    assert held["loo_length_mape"] < 0.05
+    assert held["fresh_mape"] < 0.05
+    assert held["fresh_p95_coverage"] >= 0.9
+
+
+def test_profile_records_identity_grid_and_software(fitted_profile: Profile) -> None:
+    assert fitted_profile.threads == 2 and fitted_profile.context_window == 8192
+    assert fitted_profile.calibration["name"] == "quick"
+    assert fitted_profile.calibration["seed"] == 3
+    assert "numpy" in fitted_profile.software
+
+
+def test_forcing_a_form_uses_it() -> None:
+    profile = calibrate(FakeTimer(), grid=quick_grid(4096, []), seed=0, progress=False,
+                        prefill_model="quadratic_split")
+    assert profile.prefill_model == "quadratic_split"
+
+
+def test_a_timer_returning_nonsense_is_a_backend_error() -> None:
+    class Broken(FakeTimer):
+        def prefill_ms(self, prompt_tokens: int, cached_tokens: int) -> float:
+            return float("nan")
+
+    with pytest.raises(BackendError):
+        calibrate(Broken(), grid=quick_grid(1024, []), seed=0, progress=False)
+
+
+def test_negative_scaffold_size_is_invalid() -> None:
+    with pytest.raises(InvalidInput):
+        quick_grid(8192, [-5])

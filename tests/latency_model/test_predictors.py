@@ -1,0 +1,94 @@
+"""Prefill/decode predictors: exact recovery, monotonicity, cache never slower, registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from foundation.errors import InvalidInput
+from latency_model.predictors import (
+    PREFILL_MODELS,
+    LinearDecode,
+    QuadraticPrefill,
+    QuadraticSplitPrefill,
+    decode_model,
+    prefill_model,
+)
+
+GRID_N = np.array([8, 32, 96, 256, 512, 1024, 2048, 300, 700, 1500, 4096], dtype=float)
+GRID_C = np.array([0, 0, 0, 0, 0, 0, 0, 200, 200, 200, 1000], dtype=float)
+
+
+def test_quadratic_recovers_known_coefficients_from_noiseless_data() -> None:
+    truth = QuadraticPrefill({"a": 12.0, "b": 0.9, "g": 2.5e-5})
+    fitted = QuadraticPrefill.fit(GRID_N, GRID_C, truth.predict_ms(GRID_N, GRID_C))
+    for name, value in truth.coefficients.items():
+        assert fitted.coefficients[name] == pytest.approx(value, rel=1e-9)
+
+
+def test_split_form_recovers_its_extra_term_from_noiseless_data() -> None:
+    truth = QuadraticSplitPrefill({"a": 3.0, "b": 0.5, "g": 1e-5, "h": 4e-5})
+    fitted = QuadraticSplitPrefill.fit(GRID_N, GRID_C, truth.predict_ms(GRID_N, GRID_C))
+    for name, value in truth.coefficients.items():
+        assert fitted.coefficients[name] == pytest.approx(value, rel=1e-8)
+
+
+def test_decode_recovers_known_coefficients_from_noiseless_data() -> None:
+    ctx = np.array([16, 256, 1024, 2048, 8192], dtype=float)
+    truth = LinearDecode({"d": 20.0, "e": 0.004})
+    fitted = LinearDecode.fit(ctx, truth.predict_ms(ctx))
+    assert fitted.coefficients["d"] == pytest.approx(20.0, rel=1e-9)
+    assert fitted.coefficients["e"] == pytest.approx(0.004, rel=1e-9)
+
+
+def test_fit_never_returns_negative_coefficients() -> None:
+    # Times that fall with length would need b < 0; NNLS clamps instead.
+    y = 1000.0 / np.sqrt(GRID_N)
+    fitted = QuadraticPrefill.fit(GRID_N, GRID_C, y)
+    assert min(fitted.coefficients.values()) >= 0.0
+
+
+@pytest.mark.parametrize("name", sorted(PREFILL_MODELS))
+def test_prediction_is_monotone_in_computed_tokens(name: str) -> None:
+    cls = PREFILL_MODELS[name]
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        pred = cls(dict(zip(cls.coefficient_names, rng.uniform(0, 1, len(cls.coefficient_names)) *
+                            np.array([10, 1, 1e-4, 1e-4][: len(cls.coefficient_names)]), strict=True)))
+        for cached in (0, 100, 1000):
+            m = np.arange(1, 3000, 37, dtype=float)
+            p = pred.predict_ms(m + cached, np.full_like(m, cached))
+            assert np.all(np.diff(p) >= 0)
+
+
+@pytest.mark.parametrize("name", sorted(PREFILL_MODELS))
+def test_cached_tokens_never_make_a_prediction_slower(name: str) -> None:
+    cls = PREFILL_MODELS[name]
+    pred = cls(dict(zip(cls.coefficient_names, [5.0, 0.7, 3e-5, 2e-5][: len(cls.coefficient_names)],
+                        strict=True)))
+    for n in (16, 500, 4000):
+        c = np.arange(0, n + 1, dtype=float)
+        p = pred.predict_ms(np.full_like(c, n), c)
+        assert np.all(np.diff(p) <= 1e-12)
+
+
+def test_more_cached_than_prompt_tokens_is_invalid() -> None:
+    with pytest.raises(InvalidInput):
+        QuadraticPrefill.features([10], [11])
+
+
+def test_negative_coefficients_are_rejected() -> None:
+    with pytest.raises(InvalidInput):
+        QuadraticPrefill({"a": 1.0, "b": -0.1, "g": 0.0})
+
+
+def test_unknown_model_names_are_invalid_input() -> None:
+    with pytest.raises(InvalidInput):
+        prefill_model("cubic")
+    with pytest.raises(InvalidInput):
+        decode_model("quadratic")
+
+
+def test_fit_rejects_non_positive_measurements() -> None:
+    with pytest.raises(InvalidInput):
+        QuadraticPrefill.fit([8, 16, 32], [0, 0, 0], [1.0, 0.0, 3.0])
