@@ -1,0 +1,68 @@
+"""``POST /v1/retrieve``: exact, version-pinned top-k chunks (role copilot).
+
+Chunk texts are returned only to operators and admins; a copilot gets the
+ranked hits (ids, versions, hashes, offsets, scores) without ``text``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from app.api.deps import get_services, require_role
+from app.auth import Principal
+from app.cli.retrieve_cmds import check_query
+from app.services import Services
+
+router = APIRouter(tags=["retrieval"])
+
+
+class RetrieveCreate(BaseModel):
+    """A retrieval request; ``revision`` defaults to the latest corpus revision."""
+
+    query: str = Field(..., max_length=100_000)
+    k: int = Field(8, description="hits to return, 1..max_k")
+    revision: int | None = Field(None, description="corpus revision to search (default: latest)")
+
+
+class HitPublic(BaseModel):
+    rank: int
+    score: float
+    chunk_id: int
+    document_id: str
+    version: int
+    chunk_hash: str
+    start_char: int
+    end_char: int
+    n_tokens: int
+    text: str | None = Field(None, description="operator and admin only")
+
+
+class RetrievalPublic(BaseModel):
+    revision: int
+    root_hash: str | None
+    embedder_id: str
+    embedder: dict[str, Any]
+    index: dict[str, Any]
+    k: int
+    query_truncated: bool
+    query_wordpieces: int
+    hits: list[HitPublic]
+    timings_ms: dict[str, float]
+
+
+@router.post("/v1/retrieve", response_model=RetrievalPublic)
+def retrieve(body: RetrieveCreate, principal: Principal = Depends(require_role("copilot")),
+             services: Services = Depends(get_services)) -> JSONResponse:
+    """Exact top-k over the chunks live at ``revision``; ties by chunk id; scores as float32.
+
+    Errors: 422 ``empty_query`` / ``invalid_k``, 413 ``query_too_long``, 404 ``unknown_revision``.
+    """
+    check_query(services.settings, body.query, body.k)
+    result = services.retriever.retrieve(body.query, body.k, body.revision)
+    # A JSONResponse keeps each float's shortest repr (the exact float32 value) and lets a
+    # copilot's hits leave ``text`` out rather than carry null.
+    return JSONResponse(result.to_dict(include_text=principal.allows("operator")))

@@ -1,0 +1,71 @@
+"""``ragbudget retrieve "QUERY" [--k 8] [--revision R] [--json]`` and ``ragbudget reindex [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from app.cli.common import add_json_flag, emit
+from foundation.errors import InvalidInput, TooLarge
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    r = sub.add_parser("retrieve", help="exact top-k chunks for a query at a corpus revision")
+    r.add_argument("query", help="the query text")
+    r.add_argument("--k", type=int, default=8, help="hits to return (default 8)")
+    r.add_argument("--revision", type=int, default=None,
+                   help="corpus revision to search (default: the latest)")
+    add_json_flag(r)
+    r.set_defaults(func=cmd_retrieve)
+
+    x = sub.add_parser("reindex", help="rebuild the FAISS index from the database")
+    add_json_flag(x)
+    x.set_defaults(func=cmd_reindex)
+
+
+def check_query(settings: Any, query: str, k: int) -> None:
+    """Validate before any model is loaded.
+
+    Raises:
+        InvalidInput: ``empty_query`` (blank), ``invalid_k`` (outside 1..max_k).
+        TooLarge: ``query_too_long`` (more than ``max_question_chars`` characters).
+    """
+    from retrieval.retriever import is_blank_query
+
+    if is_blank_query(query):
+        raise InvalidInput("the query is empty or whitespace only", code="empty_query")
+    if len(query) > settings.max_question_chars:
+        raise TooLarge(f"query has {len(query)} characters; the limit is {settings.max_question_chars}",
+                       code="query_too_long", limit=settings.max_question_chars)
+    if not 1 <= k <= settings.max_k:
+        raise InvalidInput(f"k must be in [1, {settings.max_k}], got {k}", code="invalid_k",
+                           limit=settings.max_k)
+
+
+def _render(p: dict[str, Any]) -> str:
+    lines = [f"revision {p['revision']} (root {p['root_hash']}), embedder {p['embedder']['model']} "
+             f"{p['embedder_id'][:19]}, {len(p['hits'])} hit(s), "
+             f"{p['timings_ms']['total']:.1f} ms"]
+    if p["query_truncated"]:
+        lines.append(f"note: query truncated to the embedder's {p['embedder'].get('max_seq_length')} "
+                     f"word pieces (it has {p['query_wordpieces']})")
+    for h in p["hits"]:
+        snippet = " ".join(h["text"].split())
+        snippet = snippet if len(snippet) <= 160 else snippet[:157] + "..."
+        lines.append(f"{h['rank']:>3}  {h['score']:.6f}  {h['document_id']} v{h['version']} "
+                     f"[{h['start_char']}:{h['end_char']}] chunk {h['chunk_id']}\n     {snippet}")
+    return "\n".join(lines)
+
+
+def cmd_retrieve(args: argparse.Namespace, services: Any) -> int:
+    check_query(services.settings, args.query, args.k)
+    result = services.retriever.retrieve(args.query, args.k, args.revision)
+    emit(args, result.to_dict(), _render)
+    return 0
+
+
+def cmd_reindex(args: argparse.Namespace, services: Any) -> int:
+    stats = services.retriever.reindex()
+    emit(args, stats, lambda s: f"index rebuilt at revision {s['revision']}: {s['n_vectors']} vectors "
+         f"({s['embedded']} newly embedded) in {s['seconds']:.2f} s -> {s['path']}")
+    return 0
