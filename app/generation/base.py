@@ -1,0 +1,226 @@
+"""The generator contract: parameters, streamed token events, per-answer statistics, and the protocol.
+
+Two backends implement :class:`Generator`: ``app.generation.local`` (a
+transformers causal LM with a scaffold prefix KV cache) and
+``app.generation.remote`` (an OpenAI-compatible streaming server such as vLLM
+or SGLang). The answer pipeline and the latency calibration code only see this
+module.
+
+Timing conventions (DESIGN.md, "Contracts worth keeping stable"): every time
+stamp is ``time.perf_counter()`` in seconds; durations are converted to ms once
+and carry ``_ms`` in their names. TTFT and TPOT follow vLLM's benchmark
+definitions (``benchmarks/backend_request_func.py`` / ``benchmark_serving.py``):
+the first token is the first one with non-empty text, and
+``tpot = (latency - ttft) / (output_tokens - 1)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from retrieval.tokens import TextTokenizer
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "cancelled", "error"})
+
+
+@dataclass
+class GenParams:
+    """Decoding parameters.
+
+    ``temperature == 0`` means greedy decoding (deterministic; ``top_p`` and
+    ``seed`` are ignored). Sampling (``temperature > 0``) always runs with a
+    seed: :meth:`resolved` draws one when none was given, and the backends
+    record the resolved parameters in :attr:`GenerationStats.params`.
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def resolved(self) -> GenParams:
+        """These parameters with a seed drawn (``0 <= seed < 2**31``) when sampling without one."""
+        if self.greedy or self.seed is not None:
+            return self
+        return dataclasses.replace(self, seed=random.SystemRandom().randrange(2**31))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable dict (for receipts)."""
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class TokenEvent:
+    """One generated token (local) or one streamed text chunk (remote).
+
+    Attributes:
+        index: 0-based position of the event in the answer.
+        token_id: the token id; ``-1`` for a remote chunk (the server sends text,
+            not ids; output ids are recounted once at the end with the model's tokenizer).
+        text: the text this event adds (may be ``""`` while a multibyte character
+            is incomplete; the held-back bytes arrive with a later event).
+        t: ``time.perf_counter()`` when the token was available to the caller.
+    """
+
+    index: int
+    token_id: int
+    text: str
+    t: float
+
+
+@dataclass
+class GenerationStats:
+    """What one :meth:`Generator.stream` call did, available as ``last_stats`` after it ends.
+
+    ``prompt_tokens == cached_tokens + computed_tokens``; ``cached_tokens`` counts
+    tokens whose KV came from the prefix cache (0 on a cold scaffold, which is
+    computed and stored during the call). ``output_token_ids`` excludes the EOS
+    token. ``prefill_ms`` covers the cache copy, the prefill forward and the
+    selection of the first token (local), or the time to the first chunk with
+    non-empty text (remote, network included). ``usage`` is the remote server's
+    own usage report, when it sends one.
+    """
+
+    prompt_tokens: int
+    cached_tokens: int
+    computed_tokens: int
+    output_token_ids: list[int]
+    finish_reason: FinishReason
+    prefill_ms: float
+    first_token_t: float | None
+    last_token_t: float | None
+    first_text_t: float | None = None
+    start_t: float | None = None
+    params: GenParams | None = None
+    error: str | None = None
+    usage: dict[str, Any] | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """Mean time per output token after the first (vLLM): ``(last - first_text) / (n - 1)``, ms."""
+        first = self.first_text_t if self.first_text_t is not None else self.first_token_t
+        if first is None or self.last_token_t is None or self.output_tokens < 2:
+            return None
+        return (self.last_token_t - first) * 1000.0 / (self.output_tokens - 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable summary (time stamps are omitted; they are process-local)."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "computed_tokens": self.computed_tokens,
+            "output_tokens": self.output_tokens,
+            "finish_reason": self.finish_reason,
+            "prefill_ms": self.prefill_ms,
+            "tpot_ms": self.tpot_ms,
+            "params": self.params.to_dict() if self.params else None,
+            "error": self.error,
+        }
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """A loaded model that streams tokens for a prompt given as token ids.
+
+    Attributes:
+        identity: ``backend, model_id, weights_hash, dtype, device, device_name,
+            threads, context_window, software`` (versions), for receipts and profiles.
+        tokenizer: the model's :class:`retrieval.tokens.TextTokenizer`.
+        context_window: maximum prompt + output tokens.
+        eos_token_ids: ids that end an answer.
+        last_stats: :class:`GenerationStats` of the latest finished ``stream`` call.
+    """
+
+    identity: dict[str, Any]
+    tokenizer: TextTokenizer
+    context_window: int
+    eos_token_ids: list[int]
+    last_stats: GenerationStats | None
+
+    def stream(self, prompt_ids: list[int], *, cached_prefix_ids: list[int] | None,
+               params: GenParams, cancel: threading.Event | None = None,
+               messages: list[dict[str, str]] | None = None) -> Iterator[TokenEvent]:
+        """Stream the answer to ``prompt_ids``.
+
+        ``cached_prefix_ids`` (the scaffold) must be a prefix of ``prompt_ids`` to be
+        used. ``cancel`` is checked before prefill and between tokens; when set, the
+        stream ends within one token with finish_reason ``"cancelled"``.
+        ``messages`` is the same prompt as chat messages, used only by a remote
+        server that cannot take token ids. After the iterator ends (or is closed),
+        ``last_stats`` holds the :class:`GenerationStats`.
+
+        Raises:
+            InvalidInput: empty prompt, or prompt longer than the context window.
+            BackendError: the model or the remote server failed (after yielding what arrived).
+        """
+        ...
+
+    def prefix_cached(self, prefix_ids: list[int]) -> bool:
+        """True when the KV cache of exactly ``prefix_ids`` is held (the next stream reuses it)."""
+        ...
+
+    def warm_prefix(self, prefix_ids: list[int]) -> float:
+        """Compute and keep the KV cache of ``prefix_ids``; return the ms spent (≈0 when already warm)."""
+        ...
+
+    def prefill_ms(self, prompt_tokens: int, cached_tokens: int) -> float:
+        """Time one prefill of ``prompt_tokens`` tokens of which ``cached_tokens`` come from the cache, ms."""
+        ...
+
+    def decode_step_ms(self, context_tokens: int) -> float:
+        """Time one decode step with ``context_tokens`` tokens already in the KV cache, ms."""
+        ...
+
+    def config_dict(self) -> dict[str, Any]:
+        """Model shape for the roofline prior (``num_parameters``, ``num_hidden_layers``, ...)."""
+        ...
+
+
+@dataclass
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas without splitting characters.
+
+    The method of Hugging Face TGI and vLLM (``detokenize_incrementally``): decode
+    a short window before and after the new token and emit the difference; hold
+    the text back while it ends in U+FFFD (an incomplete UTF-8 sequence).
+    """
+
+    decode: Any
+    ids: list[int] = field(default_factory=list)
+    prefix_offset: int = 0
+    read_offset: int = 0
+
+    def add(self, token_id: int) -> str:
+        """Append ``token_id``; return the text it completes (possibly ``""``)."""
+        self.ids.append(token_id)
+        prefix_text = self.decode(self.ids[self.prefix_offset:self.read_offset])
+        new_text = self.decode(self.ids[self.prefix_offset:])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            delta = new_text[len(prefix_text):]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            return str(delta)
+        return ""
+
+    def flush(self) -> str:
+        """Text still held back at the end (an unfinished character decodes as U+FFFD)."""
+        if self.read_offset >= len(self.ids):
+            return ""
+        prefix_text = self.decode(self.ids[self.prefix_offset:self.read_offset])
+        new_text = self.decode(self.ids[self.prefix_offset:])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return str(new_text[len(prefix_text):])

@@ -1,0 +1,348 @@
+"""The remote backend: any OpenAI-compatible streaming server (vLLM, SGLang, ragbudget itself).
+
+Requests go to ``<base_url>/completions`` with the prompt as token ids when the
+server accepts that (vLLM and SGLang do), else to ``<base_url>/chat/completions``
+with chat messages. ``mode="auto"`` probes once with a one-token request.
+
+Client-side timing follows vLLM's benchmark definitions
+(``benchmarks/backend_request_func.py``): TTFT is the arrival of the first chunk
+with non-empty text; role-only, empty and usage-only chunks are ignored; TPOT
+is ``(t_last - t_first) / (output_tokens - 1)`` with output tokens counted once
+with the model's tokenizer. A stream that ends without ``data: [DONE]`` is not an
+answer: what arrived is yielded, then :class:`BackendError` is raised.
+
+Calibration timers (client-side, network included, documented approximations):
+``prefill_ms`` is the time to the first chunk of a ``max_tokens=1`` request
+whose first ``cached_tokens`` ids were sent just before (so a server with
+automatic prefix caching holds them) and whose rest is fresh random text;
+``decode_step_ms`` is the gap between the two chunks of a ``max_tokens=2``
+request (or first chunk to end of stream when the server sends one chunk).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from app.generation.base import GenerationStats, GenParams, TokenEvent
+from foundation.errors import BackendError, InvalidInput, RagBudgetError
+from foundation.hashing import sha256_ints
+from retrieval.tokens import TextTokenizer
+
+DEFAULT_CONTEXT_WINDOW = 4096
+_FILLER = ("The maintenance log records each inspection of the pump station, the valves, the "
+           "filters and the pressure gauges, with the date, the engineer and what was found. ")
+
+
+def iter_sse_data(lines: Iterable[str]) -> Iterator[str]:
+    """Yield the ``data`` payload of each complete server-sent event.
+
+    Multi-line data is joined with ``\\n``; comments (``:``) and other fields are
+    skipped. An event still open when the lines end is incomplete and dropped
+    (WHATWG HTML, "Server-sent events", interpreting an event stream).
+    """
+    data: list[str] = []
+    for raw in lines:
+        line = raw.rstrip("\r")
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        if name == "data":
+            data.append(value[1:] if value.startswith(" ") else value)
+
+
+class RemoteGenerator:
+    """:class:`app.generation.base.Generator` over an OpenAI-compatible HTTP server.
+
+    Args:
+        base_url: API root including the version, e.g. ``http://127.0.0.1:8001/v1``.
+        model: model name sent with every request.
+        tokenizer: the served model's tokenizer (counts and synthetic prompts).
+        api_key: sent as ``Authorization: Bearer``.
+        tokenizer_source: the ``remote_tokenizer`` setting; a directory with a
+            ``config.json`` also provides :meth:`config_dict`.
+        mode: ``"auto"`` (probe), ``"completions"`` (token ids) or ``"chat"``.
+        context_window: default: the server's ``max_model_len`` from ``/models``, else 4096.
+        timeout_s: read timeout per chunk.
+    """
+
+    def __init__(self, base_url: str, model: str, *, tokenizer: TextTokenizer, api_key: str | None = None,
+                 tokenizer_source: str | None = None,
+                 mode: Literal["auto", "completions", "chat"] = "auto",
+                 context_window: int | None = None, timeout_s: float = 120.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.tokenizer_source = tokenizer_source
+        self.mode = mode
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self.context_window = context_window or self._server_context_window() or DEFAULT_CONTEXT_WINDOW
+        self.eos_token_ids: list[int] = []
+        self.last_stats: GenerationStats | None = None
+        self._sent_prefixes: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self.identity: dict[str, Any] = {
+            "backend": "remote", "model_id": model, "base_url": self.base_url, "weights_hash": None,
+            "dtype": None, "device": "remote", "device_name": f"remote: {self.base_url}", "threads": None,
+            "context_window": self.context_window, "tokenizer_id": tokenizer.tokenizer_id, "mode": mode,
+            "software": {"python": platform.python_version(), "httpx": httpx.__version__},
+        }
+
+    # --- public contract ----------------------------------------------------------------
+    def stream(self, prompt_ids: list[int], *, cached_prefix_ids: list[int] | None = None,
+               params: GenParams, cancel: threading.Event | None = None,
+               messages: list[dict[str, str]] | None = None) -> Iterator[TokenEvent]:
+        """See :meth:`app.generation.base.Generator.stream`.
+
+        ``messages`` (``Prompt.messages``) is what a chat-only server receives; without
+        it the decoded prompt is sent as one user message.
+
+        Raises:
+            InvalidInput: empty prompt or ``max_new_tokens < 1``.
+            BackendError: HTTP failure, an error chunk, or a stream without ``[DONE]``.
+        """
+        if not prompt_ids:
+            raise InvalidInput("the prompt is empty")
+        if params.max_new_tokens < 1:
+            raise InvalidInput("max_new_tokens must be >= 1")
+        if cached_prefix_ids and list(prompt_ids[:len(cached_prefix_ids)]) == list(cached_prefix_ids):
+            self._remember_prefix(list(cached_prefix_ids))
+        return self._run(list(prompt_ids), params.resolved(), cancel, messages)
+
+    def prefix_cached(self, prefix_ids: list[int]) -> bool:
+        """True when this process already sent ``prefix_ids`` (the server's prefix cache likely holds it)."""
+        return sha256_ints(list(prefix_ids)) in self._sent_prefixes
+
+    def warm_prefix(self, prefix_ids: list[int]) -> float:
+        """Send ``prefix_ids`` with ``max_tokens=1`` so the server caches it; ms spent (0 in chat mode)."""
+        if self._mode() != "completions":
+            return 0.0
+        t0 = time.perf_counter()
+        self._timed_request(list(prefix_ids), max_tokens=1)
+        self._remember_prefix(list(prefix_ids))
+        return (time.perf_counter() - t0) * 1000.0
+
+    def prefill_ms(self, prompt_tokens: int, cached_tokens: int) -> float:
+        """Client-side time to the first chunk of a ``max_tokens=1`` request, ms (see module docstring).
+
+        Raises:
+            InvalidInput: not ``0 <= cached_tokens <= prompt_tokens``, or ``prompt_tokens < 1``.
+        """
+        if not 0 <= cached_tokens <= prompt_tokens or prompt_tokens < 1:
+            raise InvalidInput(f"bad prefill shape n={prompt_tokens} c={cached_tokens}")
+        prefix = self._filler_ids(cached_tokens, seed=0)
+        if cached_tokens:
+            self._timed_request(prefix, max_tokens=1)
+        ids = prefix + self._filler_ids(prompt_tokens - cached_tokens, seed=random.randrange(2**31))
+        start, times = self._timed_request(ids, max_tokens=1)
+        return (times[0] - start) * 1000.0 if times else float("nan")
+
+    def decode_step_ms(self, context_tokens: int) -> float:
+        """Client-side gap between the two chunks of a ``max_tokens=2`` request, ms."""
+        if context_tokens < 1:
+            raise InvalidInput(f"bad decode context {context_tokens}")
+        ids = self._filler_ids(context_tokens, seed=random.randrange(2**31))
+        _start, times = self._timed_request(ids, max_tokens=2, end_time=True)
+        return (times[1] - times[0]) * 1000.0 if len(times) >= 2 else float("nan")
+
+    def config_dict(self) -> dict[str, Any]:
+        """Shape from ``<remote_tokenizer>/config.json`` when it is a model directory, else ``{}``.
+
+        ``num_parameters`` is estimated from the shapes (dense decoder, gated MLP,
+        untied embeddings counted once) and flagged ``num_parameters_estimated``.
+        """
+        path = Path(self.tokenizer_source or "") / "config.json"
+        if not self.tokenizer_source or not path.is_file():
+            return {}
+        c = json.loads(path.read_text())
+        h, layers, heads = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["num_attention_heads"])
+        kv = int(c.get("num_key_value_heads") or heads)
+        head_dim = int(c.get("head_dim") or h // heads)
+        inter = int(c.get("intermediate_size") or 4 * h)
+        vocab = int(c["vocab_size"])
+        per_layer = 2 * h * heads * head_dim + 2 * h * kv * head_dim + 3 * h * inter
+        return {"model_type": c.get("model_type"), "num_parameters": layers * per_layer + vocab * h,
+                "num_parameters_estimated": True, "num_hidden_layers": layers, "hidden_size": h,
+                "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
+                "vocab_size": vocab, "intermediate_size": inter,
+                "max_position_embeddings": c.get("max_position_embeddings")}
+
+    def close(self) -> None:
+        self._client.close()
+
+    # --- streaming --------------------------------------------------------------------------
+    def _run(self, prompt_ids: list[int], params: GenParams, cancel: threading.Event | None,
+             messages: list[dict[str, str]] | None) -> Iterator[TokenEvent]:
+        stats = GenerationStats(prompt_tokens=len(prompt_ids), cached_tokens=0,
+                                computed_tokens=len(prompt_ids), output_token_ids=[],
+                                finish_reason="stop", prefill_ms=0.0, first_token_t=None,
+                                last_token_t=None, params=params)
+        texts: list[str] = []
+        try:
+            stats.start_t = time.perf_counter()
+            if cancel is not None and cancel.is_set():
+                stats.finish_reason = "cancelled"
+                return
+            mode = self._mode()
+            url, payload = self._payload(mode, prompt_ids, params, messages, max_tokens=params.max_new_tokens)
+            payload["stream_options"] = {"include_usage": True}
+            done = False
+            with self._client.stream("POST", url, json=payload) as resp:
+                if resp.status_code >= 400:
+                    body = resp.read().decode("utf-8", "replace")[:500]
+                    raise BackendError(f"remote server answered HTTP {resp.status_code}: {body}",
+                                       status=resp.status_code)
+                for data in iter_sse_data(resp.iter_lines()):
+                    if data.strip() == "[DONE]":
+                        done = True
+                        break
+                    t = time.perf_counter()
+                    text, finish = self._parse_chunk(data, mode, stats)
+                    if finish:
+                        stats.finish_reason = "length" if finish == "length" else "stop"
+                    if text:
+                        index = len(texts)
+                        texts.append(text)
+                        if stats.first_token_t is None:
+                            stats.first_token_t = stats.first_text_t = t
+                            stats.prefill_ms = (t - stats.start_t) * 1000.0
+                        stats.last_token_t = t
+                        yield TokenEvent(index, -1, text, t)
+                    if cancel is not None and cancel.is_set():
+                        stats.finish_reason = "cancelled"
+                        return
+            if not done:
+                raise BackendError("remote stream ended without [DONE]; the answer is incomplete",
+                                   chunks=len(texts))
+        except GeneratorExit:
+            stats.finish_reason = "cancelled"
+            raise
+        except RagBudgetError as exc:
+            stats.finish_reason, stats.error = "error", str(exc)
+            raise
+        except (httpx.HTTPError, ValueError) as exc:
+            stats.finish_reason, stats.error = "error", f"{type(exc).__name__}: {exc}"
+            raise BackendError(f"remote generation failed: {exc}") from exc
+        finally:
+            stats.output_token_ids = self.tokenizer.encode("".join(texts)) if texts else []
+            self.last_stats = stats
+
+    @staticmethod
+    def _parse_chunk(data: str, mode: str, stats: GenerationStats) -> tuple[str, str | None]:
+        """``(text, finish_reason)`` of one chunk; records usage. Raises BackendError on an error chunk."""
+        obj = json.loads(data)
+        if not isinstance(obj, dict):
+            raise BackendError("remote stream sent a non-object chunk")
+        if obj.get("error"):
+            err = obj["error"]
+            message = err.get("message", err) if isinstance(err, dict) else err
+            raise BackendError(f"remote server error: {message}")
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            stats.usage = usage
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            if isinstance(cached, int) and 0 <= cached <= stats.prompt_tokens:
+                stats.cached_tokens, stats.computed_tokens = cached, stats.prompt_tokens - cached
+        choices = obj.get("choices") or []
+        if not choices:
+            return "", None
+        choice = choices[0]
+        text = choice.get("text") if mode == "completions" else (choice.get("delta") or {}).get("content")
+        return (text or ""), choice.get("finish_reason")
+
+    # --- requests -----------------------------------------------------------------------------
+    def _payload(self, mode: str, prompt_ids: list[int], params: GenParams,
+                 messages: list[dict[str, str]] | None, *, max_tokens: int) -> tuple[str, dict[str, Any]]:
+        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "stream": True,
+                                "temperature": params.temperature}
+        if not params.greedy:
+            body["top_p"] = params.top_p
+            body["seed"] = params.seed
+        if mode == "completions":
+            body["prompt"] = prompt_ids
+            return f"{self.base_url}/completions", body
+        body["messages"] = messages or [{"role": "user", "content": self.tokenizer.decode(prompt_ids)}]
+        return f"{self.base_url}/chat/completions", body
+
+    def _timed_request(self, prompt_ids: list[int], max_tokens: int,
+                       end_time: bool = False) -> tuple[float, list[float]]:
+        """Send a greedy streaming request; ``(start, arrival times of chunks with a choice)``."""
+        mode = self._mode()
+        url, payload = self._payload(mode, prompt_ids, GenParams(), None, max_tokens=max_tokens)
+        times: list[float] = []
+        start = time.perf_counter()
+        try:
+            with self._client.stream("POST", url, json=payload) as resp:
+                if resp.status_code >= 400:
+                    raise BackendError(f"remote server answered HTTP {resp.status_code}")
+                for data in iter_sse_data(resp.iter_lines()):
+                    if data.strip() == "[DONE]":
+                        break
+                    obj = json.loads(data)
+                    choice = (obj.get("choices") or [None])[0]
+                    if choice and ((choice.get("text") if mode == "completions"
+                                    else (choice.get("delta") or {}).get("content"))
+                                   or choice.get("finish_reason")):
+                        times.append(time.perf_counter())
+        except httpx.HTTPError as exc:
+            raise BackendError(f"remote request failed: {exc}") from exc
+        if end_time and len(times) == 1:
+            times.append(time.perf_counter())
+        return start, times
+
+    def _mode(self) -> str:
+        """The request mode, probing once in ``auto``: token-id completions if accepted, else chat."""
+        with self._lock:
+            if self.mode == "auto":
+                probe = {"model": self.model, "prompt": self.tokenizer.encode("Hello")[:1] or [0],
+                         "max_tokens": 1, "stream": False}
+                try:
+                    r = self._client.post(f"{self.base_url}/completions", json=probe)
+                    ok = r.status_code == 200 and bool(r.json().get("choices"))
+                except (httpx.HTTPError, ValueError):
+                    ok = False
+                self.mode = "completions" if ok else "chat"
+                self.identity["mode"] = self.mode
+            return self.mode
+
+    def _server_context_window(self) -> int | None:
+        try:
+            r = self._client.get(f"{self.base_url}/models", timeout=5.0)
+            for m in r.json().get("data", []):
+                if m.get("id") == self.model and isinstance(m.get("max_model_len"), int):
+                    return int(m["max_model_len"])
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return None
+
+    def _remember_prefix(self, prefix_ids: list[int]) -> None:
+        self._sent_prefixes[sha256_ints(prefix_ids)] = None
+        self._sent_prefixes.move_to_end(sha256_ints(prefix_ids))
+        while len(self._sent_prefixes) > 16:
+            self._sent_prefixes.popitem(last=False)
+
+    def _filler_ids(self, n: int, seed: int) -> list[int]:
+        """``n`` token ids of natural text; ``seed`` shuffles the words so the text is fresh."""
+        words = _FILLER.split()
+        r = random.Random(seed)
+        ids: list[int] = []
+        while len(ids) < n:
+            if seed:
+                r.shuffle(words)
+            ids += self.tokenizer.encode(" ".join(words) + " ")
+        return ids[:n]

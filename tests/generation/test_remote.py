@@ -1,0 +1,140 @@
+"""The remote backend against a fake OpenAI-compatible SSE server on loopback."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.generation.base import GenParams
+from app.generation.remote import RemoteGenerator, iter_sse_data
+from app.generation.remote_tokenizer import load_tiktoken
+from foundation.errors import BackendError
+from tests.conftest import CASES
+from tests.generation.fake_openai import FakeOpenAI
+
+PIECES = ["The pump", " is", " inspected", " monthly", "."]
+
+
+@pytest.fixture(scope="module")
+def tiktok(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return load_tiktoken("cl100k_base", tmp_path_factory.mktemp("data"))
+
+
+def make(server: FakeOpenAI, tok: Any, **kw: Any) -> RemoteGenerator:
+    return RemoteGenerator(server.base_url, "fake-model", tokenizer=tok, **kw)
+
+
+def test_completions_mode_sends_token_ids_and_streams_text(tiktok: Any) -> None:
+    with FakeOpenAI(PIECES) as server:
+        gen = make(server, tiktok)
+        events = list(gen.stream([1, 2, 3], cached_prefix_ids=None, params=GenParams(max_new_tokens=5)))
+    assert "".join(e.text for e in events) == "The pump is inspected monthly."
+    path, body = server.requests[-1]
+    assert path == "/v1/completions" and body["prompt"] == [1, 2, 3] and body["max_tokens"] == 5
+    assert gen.identity["mode"] == "completions"
+    stats = gen.last_stats
+    assert stats is not None and stats.finish_reason == "length"
+    assert stats.output_token_ids == tiktok.encode("The pump is inspected monthly.")
+
+
+def test_context_window_comes_from_the_servers_max_model_len(tiktok: Any) -> None:
+    with FakeOpenAI(PIECES, max_model_len=1234) as server:
+        assert make(server, tiktok).context_window == 1234
+
+
+def test_chat_only_server_gets_the_prompt_messages(tiktok: Any) -> None:
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q?"}]
+    with FakeOpenAI(PIECES, token_ids=False) as server:
+        gen = make(server, tiktok)
+        text = "".join(e.text for e in gen.stream([5, 6], cached_prefix_ids=None,
+                                                   params=GenParams(), messages=messages))
+    assert text == "The pump is inspected monthly."
+    path, body = server.requests[-1]
+    assert path == "/v1/chat/completions" and body["messages"] == messages
+
+
+def test_ttft_ignores_role_only_empty_and_usage_chunks(tiktok: Any) -> None:
+    with FakeOpenAI(["", "Hello", " world"], token_ids=False) as server:
+        gen = make(server, tiktok)
+        events = list(gen.stream([5], cached_prefix_ids=None, params=GenParams()))
+    assert [e.text for e in events] == ["Hello", " world"]
+    stats = gen.last_stats
+    assert stats is not None and stats.first_text_t == events[0].t and stats.last_token_t == events[-1].t
+    assert stats.prefill_ms > 0 and stats.usage == {"prompt_tokens": 10, "completion_tokens": 3}
+
+
+def test_stream_without_done_yields_what_arrived_then_raises(tiktok: Any) -> None:
+    raw = (CASES / "sse_truncated_no_done.txt").read_bytes()
+    with FakeOpenAI([], token_ids=False, raw_stream=raw) as server:
+        gen = make(server, tiktok)
+        got: list[str] = []
+        with pytest.raises(BackendError, match=r"\[DONE\]"):
+            for ev in gen.stream([5], cached_prefix_ids=None, params=GenParams()):
+                got.append(ev.text)
+    assert got == ["The maintenance interval", " is"]
+    assert gen.last_stats is not None and gen.last_stats.finish_reason == "error"
+
+
+def test_cancel_stops_reading_within_one_chunk(tiktok: Any) -> None:
+    cancel = threading.Event()
+    with FakeOpenAI([f" t{i}" for i in range(50)], delay_s=0.01) as server:
+        gen = make(server, tiktok)
+        seen = 0
+        for _ in gen.stream([1], cached_prefix_ids=None, params=GenParams(max_new_tokens=50), cancel=cancel):
+            seen += 1
+            if seen == 3:
+                cancel.set()
+    assert seen == 3
+    assert gen.last_stats is not None and gen.last_stats.finish_reason == "cancelled"
+
+
+def test_http_error_is_a_backend_error(tiktok: Any) -> None:
+    with FakeOpenAI(PIECES) as server:
+        gen = RemoteGenerator(server.base_url.replace("/v1", "/nope"), "fake-model", tokenizer=tiktok,
+                              mode="completions")
+        with pytest.raises(BackendError, match="HTTP 404"):
+            list(gen.stream([1], cached_prefix_ids=None, params=GenParams()))
+    assert gen.last_stats is not None and gen.last_stats.finish_reason == "error"
+
+
+def test_sampling_sends_the_recorded_seed(tiktok: Any) -> None:
+    with FakeOpenAI(PIECES) as server:
+        gen = make(server, tiktok)
+        list(gen.stream([1], cached_prefix_ids=None, params=GenParams(temperature=0.7, top_p=0.9)))
+    body = server.requests[-1][1]
+    assert gen.last_stats is not None and gen.last_stats.params is not None
+    assert isinstance(body["seed"], int) and body["seed"] == gen.last_stats.params.seed
+
+
+def test_server_reported_cached_tokens_are_recorded(tiktok: Any) -> None:
+    with FakeOpenAI(PIECES, cached_tokens=2) as server:
+        gen = make(server, tiktok)
+        list(gen.stream([1, 2, 3], cached_prefix_ids=[1, 2], params=GenParams()))
+        assert gen.prefix_cached([1, 2]) and not gen.prefix_cached([1, 2, 3])
+    stats = gen.last_stats
+    assert stats is not None and (stats.cached_tokens, stats.computed_tokens) == (2, 1)
+
+
+def test_calibration_timers_measure_client_side(tiktok: Any) -> None:
+    with FakeOpenAI(PIECES, delay_s=0.005) as server:
+        gen = make(server, tiktok)
+        prefill = gen.prefill_ms(40, 20)
+        step = gen.decode_step_ms(30)
+        prompts = [b["prompt"] for p, b in server.requests if b.get("stream")]
+    assert prefill > 0 and step > 0
+    assert len(prompts[0]) == 20 and len(prompts[1]) == 40 and prompts[1][:20] == prompts[0]
+
+
+def test_sse_parser_joins_multiline_data_and_drops_an_unfinished_event() -> None:
+    lines = [": comment", "data: a", "data: b", "", "event: x", "data: c", "", "data: partial"]
+    assert list(iter_sse_data(lines)) == ["a\nb", "c"]
+
+
+def test_tiktoken_keeps_special_token_text_plain(tmp_path: Path) -> None:
+    tok = load_tiktoken("gpt-4o", tmp_path)
+    ids = tok.encode("a <|endoftext|> b")
+    assert tok.decode(ids) == "a <|endoftext|> b"
+    assert 199999 not in ids and tok.encode_control("<|endoftext|>") == [199999]
