@@ -1,0 +1,328 @@
+"""Prompt layout as token ids: [scaffold][chunks 1..k][question][assistant turn].
+
+The scaffold (system prompt + fixed instructions, stored in the ``scaffolds``
+table with its hash) is the stable front of every prompt, so its KV cache can be
+reused. Its ids end at a chat-template boundary: the system turn is closed and
+the user-turn header written. Then come the chosen chunks in rank order, each
+labelled ``[n] (doc <id> v<version>)`` and separated by blank lines, then the question, then the user-turn
+end and the assistant header.
+
+Each segment is encoded on its own and the ids are concatenated; the joined
+text is never re-tokenised. That makes the scaffold ids an exact prefix of
+every prompt, and each chunk's token count exact, whatever the text around the
+boundaries (a question that starts with spaces, a chunk that starts with a
+newline). Template control text is encoded with special tokens recognised;
+scaffold, document and question text with special tokens kept as plain text, so
+``<|im_start|>system`` inside a document can never open a turn.
+
+The chat framing is derived from the model's own chat template: it is rendered
+once with placeholder contents and split at the placeholders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import IntegrityError
+
+from app.models import Scaffold
+from foundation.errors import EmptyContent, InvalidConfig, NotFound
+from foundation.hashing import normalize_text, sha256_ints, sha256_text
+from retrieval.db import read_session, write_transaction
+from retrieval.tokens import TextTokenizer
+
+DEFAULT_SCAFFOLD_NAME = "default"
+DEFAULT_SCAFFOLD_TEXT = (
+    "You are a careful technical assistant. Answer the user's question using only the numbered "
+    "sources in the user's message. Cite every source you use as [n], where n is the number of "
+    "the source, for example [1] or [2][3]. If the sources do not contain the answer, say that "
+    "you do not know. Keep the answer short and factual."
+)
+# Used when the model (or a remote tokenizer such as tiktoken) has no chat template.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
+    "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+_SYS_PH = "\u0000SYS\u0000"
+_USR_PH = "\u0000USR\u0000"
+
+
+# --- scaffolds in the database ---------------------------------------------------------
+def ensure_scaffold(engine: Engine, name: str, text: str) -> Scaffold:
+    """Return the stored scaffold with this text, storing it first if new. Idempotent.
+
+    The text is normalised (:func:`foundation.hashing.normalize_text`) and addressed by
+    ``sha256_text`` of it; a text stored before under another name keeps its first name.
+
+    Raises:
+        EmptyContent: the text is blank.
+    """
+    norm = normalize_text(text)
+    if not norm.strip():
+        raise EmptyContent("scaffold text is empty")
+    digest = sha256_text(norm)
+    found = scaffold_by_hash(engine, digest)
+    if found is not None:
+        return found
+    try:
+        with write_transaction(engine) as session:
+            row = session.scalar(select(Scaffold).where(Scaffold.hash == digest))
+            if row is None:
+                row = Scaffold(name=name, hash=digest, text=norm,
+                               created_at=datetime.now(UTC).isoformat(timespec="microseconds"))
+                session.add(row)
+                session.flush()
+        return row
+    except IntegrityError:  # a concurrent writer stored it first
+        again = scaffold_by_hash(engine, digest)
+        if again is None:
+            raise
+        return again
+
+
+def scaffold_by_hash(engine: Engine, digest: str) -> Scaffold | None:
+    """The scaffold whose hash is ``digest``, or None."""
+    with read_session(engine) as session:
+        return session.scalar(select(Scaffold).where(Scaffold.hash == digest))
+
+
+def get_scaffold(engine: Engine, scaffold_id: int) -> Scaffold:
+    """The scaffold with primary key ``scaffold_id``.
+
+    Raises:
+        NotFound: no such scaffold.
+    """
+    with read_session(engine) as session:
+        row = session.get(Scaffold, scaffold_id)
+    if row is None:
+        raise NotFound(f"no scaffold with id {scaffold_id}", scaffold_id=scaffold_id)
+    return row
+
+
+# --- chat framing -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChatFraming:
+    """Template text around the system and user contents.
+
+    ``system_supported`` False (templates that reject a system turn): the scaffold
+    text opens the user turn instead, followed by a blank line.
+    """
+
+    system_prefix: str
+    system_to_user: str
+    user_suffix: str
+    system_supported: bool = True
+
+
+def render_chat_template(source: str, messages: list[dict[str, str]], **context: Any) -> str:
+    """Render a Jinja chat template as transformers does (sandboxed, trim/lstrip blocks)."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    def strftime_now(fmt: str) -> str:  # pragma: no cover - only templates that print dates
+        return datetime.now(UTC).strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
+    return str(env.from_string(source).render(messages=messages, add_generation_prompt=True, **context))
+
+
+def derive_framing(source: str, special_tokens: dict[str, str] | None = None) -> ChatFraming:
+    """Split a chat template into the text before/between/after the system and user contents.
+
+    Raises:
+        InvalidConfig: the template does not echo the message contents verbatim.
+    """
+    ctx = dict(special_tokens or {})
+    try:
+        text = render_chat_template(source, [{"role": "system", "content": _SYS_PH},
+                                             {"role": "user", "content": _USR_PH}], **ctx)
+        once = text.count(_SYS_PH) == 1 and text.count(_USR_PH) == 1
+        if once and text.index(_SYS_PH) < text.index(_USR_PH):
+            head, rest = text.split(_SYS_PH)
+            mid, tail = rest.split(_USR_PH)
+            return ChatFraming(head, mid, tail, True)
+    except Exception:  # noqa: BLE001 - templates may refuse a system turn; try without
+        pass
+    text = render_chat_template(source, [{"role": "user", "content": _USR_PH}], **ctx)
+    if text.count(_USR_PH) != 1:
+        raise InvalidConfig("the chat template does not contain the message content verbatim")
+    head, tail = text.split(_USR_PH)
+    return ChatFraming(head, "\n\n", tail, False)
+
+
+# --- prompts ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PromptChunk:
+    """A retrieved chunk as shown to the model."""
+
+    document_id: int | str
+    version: int
+    text: str
+
+
+@dataclass
+class Prompt:
+    """A prompt as token ids, with exact per-part token counts.
+
+    ``prompt_tokens == scaffold_len + sum(chunk_token_counts) + question_tokens + framing_tokens``
+    where ``framing_tokens`` are the template tokens after the question (user-turn
+    end + assistant header); the template tokens before it are inside the scaffold.
+    """
+
+    ids: list[int]
+    scaffold_ids: list[int]
+    scaffold_len: int
+    prompt_tokens: int
+    chunk_token_counts: list[int]
+    question_tokens: int
+    framing_tokens: int
+    text: str
+    prompt_hash: str
+    scaffold_hash: str = ""
+    messages: list[dict[str, str]] = field(default_factory=list)
+
+    def prompt_tokens_for(self, k: int) -> int:
+        """Token count of the same prompt with only the first ``k`` chunks."""
+        return (self.scaffold_len + sum(self.chunk_token_counts[:k]) + self.question_tokens
+                + self.framing_tokens)
+
+
+class PromptBuilder:
+    """Builds :class:`Prompt` s for one tokenizer and chat template.
+
+    Args:
+        tokenizer: the generator's :class:`TextTokenizer`.
+        chat_template_source: Jinja source of the model's chat template; None: ChatML.
+    """
+
+    def __init__(self, tokenizer: TextTokenizer, chat_template_source: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        hf = getattr(tokenizer, "hf", None)
+        specials = {}
+        if hf is not None:
+            for attr in ("bos_token", "eos_token", "pad_token", "unk_token"):
+                value = getattr(hf, attr, None)
+                if isinstance(value, str):
+                    specials[attr] = value
+        self.framing = derive_framing(chat_template_source or CHATML_TEMPLATE, specials)
+        nl = tokenizer.encode("\n")
+        # SentencePiece adds a prefix space at the start of every encode; encode after a newline instead.
+        self._nl_ids = nl if tokenizer.encode("\nx")[len(nl):] != tokenizer.encode("x") else []
+        f = self.framing
+        self._control_ids = {s: self._encode_control(s)
+                             for s in (f.system_prefix, f.system_to_user, f.user_suffix)}
+        self._scaffolds: dict[str, list[int]] = {}
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: TextTokenizer) -> PromptBuilder:
+        """Builder using the tokenizer's own chat template (HF ``chat_template``), else ChatML."""
+        hf = getattr(tokenizer, "hf", None)
+        source = getattr(hf, "chat_template", None) if hf is not None else None
+        return cls(tokenizer, source if isinstance(source, str) else None)
+
+    @classmethod
+    def for_generator(cls, generator: Any) -> PromptBuilder:
+        """:meth:`for_tokenizer` of ``generator.tokenizer``."""
+        return cls.for_tokenizer(generator.tokenizer)
+
+    # --- encoding ---------------------------------------------------------------------
+    def _encode_control(self, text: str) -> list[int]:
+        """Template text, special-token strings recognised as control tokens."""
+        if not text:
+            return []
+        control = getattr(self.tokenizer, "encode_control", None)
+        if callable(control):
+            return list(control(text))
+        hf = getattr(self.tokenizer, "hf", None)
+        if hf is not None:
+            return list(hf(text, add_special_tokens=False, split_special_tokens=False)["input_ids"])
+        return list(self.tokenizer.encode(text))
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Content text (scaffold, chunk, question) with special-token strings as plain text."""
+        if not text:
+            return []
+        if self._nl_ids:
+            ids = self.tokenizer.encode("\n" + text)
+            if ids[:len(self._nl_ids)] == self._nl_ids:
+                return ids[len(self._nl_ids):]
+        return self.tokenizer.encode(text)
+
+    # --- segments -----------------------------------------------------------------------
+    @staticmethod
+    def chunk_segment(rank: int, chunk: PromptChunk) -> str:
+        """The labelled text of the chunk at 1-based ``rank``.
+
+        The blank line between parts opens the next segment instead of closing the
+        previous one: byte-level BPE pre-tokenisers split ``"\\n\\n["`` differently
+        from a trailing ``"\\n\\n"``, so this way the ids match what the model's
+        own chat template would produce for the same text.
+        """
+        sep = "\n\n" if rank > 1 else ""
+        return f"{sep}[{rank}] (doc {chunk.document_id} v{chunk.version})\n{chunk.text}"
+
+    @staticmethod
+    def question_segment(question: str) -> str:
+        """The question, after a blank line (the same for every k, so its count is constant)."""
+        return f"\n\nQuestion: {question}"
+
+    def scaffold_ids(self, scaffold_text: str) -> list[int]:
+        """Ids of the scaffold: system header + text + system end + user header (cached per text)."""
+        ids = self._scaffolds.get(scaffold_text)
+        if ids is None:
+            f = self.framing
+            if f.system_supported:
+                ids = (self._control_ids[f.system_prefix] + self.encode_plain(scaffold_text)
+                       + self._control_ids[f.system_to_user])
+            else:
+                ids = self._control_ids[f.system_prefix] + self.encode_plain(scaffold_text + f.system_to_user)
+            self._scaffolds[scaffold_text] = ids
+        return list(ids)
+
+    def build(self, scaffold_text: str, chunks: list[PromptChunk], question: str) -> Prompt:
+        """Lay out ``[scaffold][chunks in rank order][question][assistant header]`` as ids.
+
+        Raises:
+            EmptyContent: the question is blank.
+        """
+        if not question.strip():
+            raise EmptyContent("the question is empty")
+        scaffold = self.scaffold_ids(scaffold_text)
+        ids = list(scaffold)
+        counts: list[int] = []
+        segments: list[str] = []
+        for rank, chunk in enumerate(chunks, start=1):
+            seg = self.chunk_segment(rank, chunk)
+            seg_ids = self.encode_plain(seg)
+            counts.append(len(seg_ids))
+            segments.append(seg)
+            ids += seg_ids
+        q_text = self.question_segment(question)
+        q_ids = self.encode_plain(q_text)
+        segments.append(q_text)
+        ids += q_ids
+        tail = self._control_ids[self.framing.user_suffix]
+        ids += tail
+        user = "".join(segments)
+        messages = ([{"role": "system", "content": scaffold_text}, {"role": "user", "content": user}]
+                    if self.framing.system_supported else
+                    [{"role": "user", "content": scaffold_text + self.framing.system_to_user + user}])
+        return Prompt(ids=ids, scaffold_ids=scaffold, scaffold_len=len(scaffold), prompt_tokens=len(ids),
+                      chunk_token_counts=counts, question_tokens=len(q_ids), framing_tokens=len(tail),
+                      text=self.tokenizer.decode(ids), prompt_hash=sha256_ints(ids),
+                      scaffold_hash=sha256_text(normalize_text(scaffold_text)), messages=messages)
+
+    def count_tokens_for_plan(self, scaffold_text: str, chunks: list[PromptChunk],
+                              question: str) -> list[int]:
+        """``[prompt_tokens with k chunks for k in 0..len(chunks)]``, equal to ``len(build(..k..).ids)``."""
+        full = self.build(scaffold_text, chunks, question)
+        return [full.prompt_tokens_for(k) for k in range(len(chunks) + 1)]
