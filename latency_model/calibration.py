@@ -82,7 +82,7 @@ def _cached_list(scaffold_tokens: list[int], top: int) -> tuple[int, ...]:
 
 
 def quick_grid(context_window: int, scaffold_tokens: list[int]) -> CalibrationGrid:
-    """The ``--quick`` grid: prompts up to 2048 tokens (or the window), 3 repeats.
+    """The ``--quick`` grid: prompts up to 2048 tokens (or the window less one), 3 repeats.
 
     2048 tokens is where the planner operates on a CPU with a sub-10 s budget; a
     profile from this grid says so in ``calibration.note`` and predictions past
@@ -93,7 +93,7 @@ def quick_grid(context_window: int, scaffold_tokens: list[int]) -> CalibrationGr
     """
     if context_window < 16:
         raise InvalidInput("context_window must be >= 16 tokens")
-    top = min(context_window, QUICK_MAX_PROMPT_TOKENS)
+    top = min(context_window - 1, QUICK_MAX_PROMPT_TOKENS)
     ladder = tuple(sorted({n for n in QUICK_LADDER if n < top} | {top}))
     return CalibrationGrid(
         name="quick", prompt_tokens=ladder, cached_tokens=_cached_list(scaffold_tokens, top),
@@ -105,21 +105,21 @@ def quick_grid(context_window: int, scaffold_tokens: list[int]) -> CalibrationGr
 
 
 def full_grid(context_window: int, scaffold_tokens: list[int]) -> CalibrationGrid:
-    """The full grid: prompts from 8 tokens up to the whole context window.
+    """The full grid: prompts from 8 tokens up to the whole context window (less one token).
 
     Raises:
         InvalidInput: ``context_window < 16`` or a negative scaffold size.
     """
     if context_window < 16:
         raise InvalidInput("context_window must be >= 16 tokens")
-    top = context_window
+    top = context_window - 1  # one position stays free for the first generated token
     ladder = tuple(sorted({n for n in FULL_LADDER if n < top} | {top}))
     return CalibrationGrid(
         name="full", prompt_tokens=ladder, cached_tokens=_cached_list(scaffold_tokens, top),
         repeats=3, warmup=3, fresh_points=16,
         decode_contexts=tuple(sorted({c for c in (16, 512, 2048, 4096) if c < top} | {top})),
         decode_repeats=4, max_prompt_tokens=top,
-        note=f"full grid: prompts {ladder[0]}..{top} tokens (the whole context window)")
+        note=f"full grid: prompts {ladder[0]}..{top} tokens (the whole {context_window}-token window)")
 
 
 def _fresh_points(grid: CalibrationGrid, rng: random.Random) -> list[tuple[int, int]]:

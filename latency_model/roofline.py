@@ -105,6 +105,7 @@ class ModelShape:
     gated_mlp: bool
     tied_embeddings: bool
     context_window: int | None
+    num_parameters: int | None = None  # as counted by the model itself, when the caller knows it
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelShape:
@@ -125,6 +126,7 @@ class ModelShape:
             gated_mlp=str(config.get("model_type", "")) in GATED_MLP,
             tied_embeddings=bool(config.get("tie_word_embeddings", True)),
             context_window=config.get("max_position_embeddings") or config.get("n_positions"),
+            num_parameters=int(config["num_parameters"]) if config.get("num_parameters") else None,
         )
 
     @property
@@ -136,7 +138,10 @@ class ModelShape:
 
     @property
     def total_params(self) -> int:
-        """All parameters the forward pass reads (embeddings once, LM head if untied)."""
+        """All parameters the forward pass reads: ``num_parameters`` when given, else counted
+        from the shapes (embeddings once, the LM head again if untied)."""
+        if self.num_parameters:
+            return self.num_parameters
         emb = self.vocab * self.hidden
         return self.layer_params + emb * (1 if self.tied_embeddings else 2)
 

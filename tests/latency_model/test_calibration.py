@@ -23,13 +23,14 @@ def test_quick_grid_stops_at_2048_and_says_so() -> None:
 
 def test_full_grid_reaches_the_context_window() -> None:
     grid = full_grid(8192, [200, 450])
-    assert max(grid.prompt_tokens) == 8192
+    assert max(grid.prompt_tokens) == 8191 == grid.max_prompt_tokens
+    assert max(grid.decode_contexts) < 8192
     assert grid.cached_tokens == (0, 200, 450)
 
 
 def test_small_context_window_caps_the_quick_grid() -> None:
     grid = quick_grid(512, [])
-    assert max(grid.prompt_tokens) == 512 and grid.cached_tokens == (0,)
+    assert max(grid.prompt_tokens) == 511 and grid.cached_tokens == (0,)
 
 
 def test_every_fit_point_has_fewer_cached_than_prompt_tokens() -> None:
