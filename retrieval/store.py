@@ -251,8 +251,9 @@ def ingest_batch(
     ``deleted`` (a tombstone) or ``rejected`` (``unknown_document``: not live).
 
     ``embed_token_count`` (word-pieces incl. [CLS]/[SEP]; default: the embedder's
-    ``count_wordpieces``) keeps every chunk within ``chunker_config.max_embed_tokens``. With ``embedder``, vectors of new chunk
-    hashes are computed before the transaction (``retrieval.embedding``).
+    ``count_wordpieces``) keeps every chunk within ``chunker_config.max_embed_tokens``.
+    With ``embedder``, vectors of new chunk hashes are computed before the
+    transaction (``retrieval.embedding``).
 
     Raises:
         sqlalchemy errors from the database (the batch is then rolled back entirely).

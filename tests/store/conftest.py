@@ -54,3 +54,32 @@ def ingest(engine, tokenizer, config, embed_count):  # type: ignore[no-untyped-d
         return ingest_batch(engine, items, tokenizer=tokenizer, delete_ids=delete_ids, **kw)
 
     return run
+
+
+@pytest.fixture
+def store_settings(tmp_path: Path, db_url: str, generator_dir: Path):  # type: ignore[no-untyped-def]
+    """Settings for CLI/API tests: tmp data dir, the database under test, the converted generator."""
+    from app.settings import get_settings
+
+    return get_settings(data_dir=tmp_path / "data", database_url=db_url, auth_enabled=False,
+                        generator_path=str(generator_dir), chunk_tokens=64, chunk_overlap_tokens=8)
+
+
+@pytest.fixture
+def services_factory(tokenizer, monkeypatch):  # type: ignore[no-untyped-def]
+    """``make(settings) -> Services`` with the session tokenizer preloaded and no embedder."""
+    import app.api.routes_documents as routes
+    from app.services import Services
+
+    monkeypatch.setattr(routes, "api_embedder", lambda services: None)
+    made = []
+
+    def make(settings):  # type: ignore[no-untyped-def]
+        services = Services(settings)
+        services.__dict__["tokenizer"] = tokenizer
+        made.append(services)
+        return services
+
+    yield make
+    for s in made:
+        s.close()

@@ -1,0 +1,237 @@
+"""Documents and corpus revisions.
+
+* ``POST /v1/documents`` (admin): ingest one document as one batch (one revision if it changed).
+* ``DELETE /v1/documents/{id}`` (admin): tombstone a live document (one revision).
+* ``GET /v1/documents/{id}``, ``.../versions``, ``.../versions/{n}`` (operator: they return text).
+* ``GET /v1/revisions``, ``GET /v1/revisions/{r}`` (copilot): revisions and their live documents.
+
+Document ids may contain ``/`` (``guides/setup.md``); the routes take the rest of
+the path as the id. The ``versions`` routes are matched first, so an id that itself
+ends in ``/versions`` can only be read through them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.api.deps import get_services, require_role
+from app.services import Services
+from foundation.errors import (
+    EmptyContent,
+    InvalidEncoding,
+    InvalidInput,
+    RagBudgetError,
+    TooLarge,
+    UnknownDocument,
+    UnsupportedType,
+)
+
+router = APIRouter(tags=["documents"])
+
+_ERRORS: dict[str, type[RagBudgetError]] = {
+    "too_large": TooLarge, "unsupported_type": UnsupportedType, "invalid_encoding": InvalidEncoding,
+    "empty_content": EmptyContent, "unknown_document": UnknownDocument,
+}
+_INT32 = 2**31 - 1
+
+
+class DocumentCreate(BaseModel):
+    """One document to ingest. ``kind: html`` extracts the visible text of ``text``."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(..., min_length=1, max_length=1024, description="Stable document id; may contain '/'")
+    text: str = Field(..., description="UTF-8 text (or HTML with kind=html); normalised before hashing")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Stored with the version")
+    kind: Literal["txt", "md", "rst", "html"] = "txt"
+
+
+class DocumentWritePublic(BaseModel):
+    """The outcome of a write: the document's status and version, and the revision it made."""
+
+    document_id: str
+    status: Literal["added", "updated", "unchanged", "deleted"]
+    version: int | None
+    revision: int | None = Field(None, description="The new revision; null when nothing changed")
+    previous_revision: int
+    root_hash: str | None
+    chunks_added: int
+
+
+class VersionPublic(BaseModel):
+    document_id: str
+    version: int
+    is_tombstone: bool
+    content_hash: str | None
+    source_hash: str | None
+    chunker_id: str | None
+    live_from_revision: int
+    live_until_revision: int | None
+    metadata: dict[str, Any]
+    source: dict[str, Any]
+    text: str | None = None
+    n_chunks: int | None = None
+
+
+class DocumentPublic(BaseModel):
+    id: str
+    created_revision: int
+    n_versions: int
+    latest_version: int
+    is_deleted: bool
+    current: VersionPublic | None
+
+
+class RevisionPublic(BaseModel):
+    number: int
+    created_at: str
+    root_hash: str
+    live_documents: int
+    added: int
+    updated: int
+    deleted: int
+    unchanged: int
+    note: str | None
+
+
+class LiveDocumentPublic(BaseModel):
+    document_id: str
+    version: int
+    content_hash: str
+
+
+class RevisionDetailPublic(RevisionPublic):
+    documents: list[LiveDocumentPublic]
+
+
+class RevisionPage(BaseModel):
+    latest: int
+    revisions: list[RevisionPublic]
+
+
+def api_embedder(services: Services) -> Any:
+    """The embedder used at API ingest (None when ``retrieval.embedding`` is unavailable)."""
+    try:
+        import retrieval.embedding  # noqa: F401
+    except ImportError:
+        return None
+    return services.embedder
+
+
+def _raise_for(result: Any) -> None:
+    cls = _ERRORS.get(result.code or "", InvalidInput)
+    if cls is InvalidInput:
+        raise InvalidInput(result.reason or "rejected", code=result.code or "invalid_input",
+                           document_id=result.document_id)
+    raise cls(result.reason or "rejected", document_id=result.document_id)
+
+
+def _write(services: Services, items: list[Any], delete_ids: list[str]) -> DocumentWritePublic:
+    from retrieval.chunking import ChunkerConfig
+    from retrieval.store import ingest_batch
+
+    settings = services.settings
+    config = ChunkerConfig(settings.chunk_tokens, settings.chunk_overlap_tokens)
+    report = ingest_batch(services.engine, items, tokenizer=services.tokenizer, chunker_config=config,
+                          embedder=api_embedder(services), delete_ids=delete_ids,
+                          max_document_bytes=settings.max_document_bytes)
+    result = report.results[0]
+    if result.status == "rejected":
+        _raise_for(result)
+    return DocumentWritePublic(document_id=result.document_id, status=result.status,  # type: ignore[arg-type]
+                               version=result.version,
+                               revision=report.revision, previous_revision=report.previous_revision,
+                               root_hash=report.root_hash, chunks_added=report.chunks_added)
+
+
+@router.post("/v1/documents", response_model=DocumentWritePublic, status_code=201,
+             dependencies=[Depends(require_role("admin"))],
+             responses={200: {"model": DocumentWritePublic, "description": "Unchanged: no new revision"}})
+def create_document(body: DocumentCreate, response: Response,
+                    services: Services = Depends(get_services)) -> DocumentWritePublic:
+    """Ingest one document: 201 ``added``/``updated`` with the new revision, 200 ``unchanged``.
+
+    422 ``empty_content`` / ``invalid_encoding`` / ``unsupported_type`` / ``invalid_input``,
+    413 ``too_large``; nothing is written then.
+    """
+    from retrieval.store import IngestItem
+
+    out = _write(services, [IngestItem(body.id, text=body.text, kind=body.kind, metadata=body.metadata)], [])
+    if out.status == "unchanged":
+        response.status_code = 200
+    return out
+
+
+@router.delete("/v1/documents/{document_id:path}", response_model=DocumentWritePublic,
+               dependencies=[Depends(require_role("admin"))])
+def delete_document(document_id: str, services: Services = Depends(get_services)) -> DocumentWritePublic:
+    """Tombstone a live document (a new revision). 404 ``unknown_document`` if it is not live."""
+    return _write(services, [], [document_id])
+
+
+@router.get("/v1/documents/{document_id:path}/versions/{version}", response_model=VersionPublic,
+            dependencies=[Depends(require_role("operator"))])
+def get_document_version(document_id: str, version: int = Path(..., ge=1, le=_INT32),
+                         services: Services = Depends(get_services)) -> VersionPublic:
+    """One version with its text. 404 ``unknown_document`` / ``unknown_version``."""
+    from retrieval.db import read_session
+    from retrieval.store import get_version
+
+    with read_session(services.engine) as s:
+        return VersionPublic(**get_version(s, document_id, version).to_dict())
+
+
+@router.get("/v1/documents/{document_id:path}/versions", response_model=list[VersionPublic],
+            dependencies=[Depends(require_role("operator"))])
+def list_document_versions(document_id: str,
+                           services: Services = Depends(get_services)) -> list[VersionPublic]:
+    """Every version and tombstone, oldest first, without text. 404 ``unknown_document``."""
+    from retrieval.db import read_session
+    from retrieval.store import list_versions
+
+    with read_session(services.engine) as s:
+        return [VersionPublic(**v.to_dict()) for v in list_versions(s, document_id)]
+
+
+@router.get("/v1/documents/{document_id:path}", response_model=DocumentPublic,
+            dependencies=[Depends(require_role("operator"))])
+def get_document(document_id: str, services: Services = Depends(get_services)) -> DocumentPublic:
+    """A document and its current version's text (``current: null`` once deleted).
+    404 ``unknown_document``."""
+    from retrieval.db import read_session
+    from retrieval.store import get_document as get_doc
+
+    with read_session(services.engine) as s:
+        return DocumentPublic(**get_doc(s, document_id).to_dict())
+
+
+@router.get("/v1/revisions", response_model=RevisionPage, dependencies=[Depends(require_role("copilot"))])
+def list_revisions(limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0, le=_INT32),
+                   services: Services = Depends(get_services)) -> RevisionPage:
+    """Revisions, newest first, paged by ``limit``/``offset``."""
+    from retrieval.db import read_session
+    from retrieval.store import latest_revision
+    from retrieval.store import list_revisions as list_revs
+
+    with read_session(services.engine) as s:
+        revs = list_revs(s, limit=limit, offset=offset, newest_first=True)
+        return RevisionPage(latest=latest_revision(s),
+                            revisions=[RevisionPublic(**r.to_dict()) for r in revs])
+
+
+@router.get("/v1/revisions/{number}", response_model=RevisionDetailPublic,
+            dependencies=[Depends(require_role("copilot"))])
+def get_revision(number: int = Path(..., ge=1, le=_INT32),
+                 services: Services = Depends(get_services)) -> RevisionDetailPublic:
+    """One revision with its live documents (id, version, content hash). 404 ``unknown_revision``."""
+    from retrieval.db import read_session
+    from retrieval.store import get_revision as get_rev
+    from retrieval.store import state_at
+
+    with read_session(services.engine) as s:
+        info = get_rev(s, number)
+        docs = [LiveDocumentPublic(document_id=v.document_id, version=v.version, content_hash=v.content_hash)
+                for v in state_at(s, number)]
+        return RevisionDetailPublic(**info.to_dict(), documents=docs)

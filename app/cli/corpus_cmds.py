@@ -1,0 +1,282 @@
+"""Store commands: ``ingest``, ``corpus fetch``, ``revisions list|show|verify``,
+``documents show|versions``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from app.cli.common import add_json_flag, emit
+from foundation.errors import InvalidInput, RagBudgetError, TooLarge, UnknownDocument
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_CORPORA = REPO.parent / "shared" / "corpora"
+EXIT_REJECTED = 2  # same code as any other bad input (app.cli.common.EXIT_CODES)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    ing = sub.add_parser("ingest", help="ingest files or directories as one batch (one new revision)")
+    ing.add_argument("paths", nargs="+", type=Path, help=".txt .md .rst .html/.htm files or directories")
+    ing.add_argument("--id", dest="document_id", default=None,
+                     help="document id for a single file (default: the path relative to its root)")
+    ing.add_argument("--delete-missing", action="store_true",
+                     help="tombstone live documents that are not found under the given paths")
+    ing.add_argument("--no-embed", action="store_true", help="store and chunk only; embed later")
+    ing.add_argument("--note", default=None, help="a note stored with the revision")
+    add_json_flag(ing)
+    ing.set_defaults(func=cmd_ingest)
+
+    corpus = sub.add_parser("corpus", help="fetch the real corpus")
+    csub = corpus.add_subparsers(dest="corpus_command", metavar="ACTION")
+    csub.required = True
+    fetch = csub.add_parser("fetch", help="unpack the PostgreSQL 15 docs into <data_dir>/corpora/")
+    fetch.add_argument("source", choices=["postgres-docs"])
+    fetch.add_argument("--version", required=True, help="15.18 or 15.20")
+    fetch.add_argument("--deb", type=Path, default=None, help="use this .deb instead of searching")
+    add_json_flag(fetch)
+    fetch.set_defaults(func=cmd_fetch)
+
+    rev = sub.add_parser("revisions", help="corpus revisions")
+    rsub = rev.add_subparsers(dest="revisions_command", metavar="ACTION")
+    rsub.required = True
+    rl = rsub.add_parser("list", help="all revisions, newest first")
+    rl.add_argument("--limit", type=int, default=None)
+    add_json_flag(rl)
+    rl.set_defaults(func=cmd_revisions_list)
+    rs = rsub.add_parser("show", help="one revision and its live documents")
+    rs.add_argument("number", type=int, nargs="?", default=None, help="default: the latest")
+    add_json_flag(rs)
+    rs.set_defaults(func=cmd_revisions_show)
+    rv = rsub.add_parser("verify", help="recompute every root and check the store's invariants")
+    add_json_flag(rv)
+    rv.set_defaults(func=cmd_revisions_verify)
+
+    docs = sub.add_parser("documents", help="documents and their versions")
+    dsub = docs.add_subparsers(dest="documents_command", metavar="ACTION")
+    dsub.required = True
+    ds = dsub.add_parser("show", help="a document's current text (or --version N)")
+    ds.add_argument("document_id")
+    ds.add_argument("--version", type=int, default=None)
+    add_json_flag(ds)
+    ds.set_defaults(func=cmd_documents_show)
+    dv = dsub.add_parser("versions", help="every version and tombstone of a document")
+    dv.add_argument("document_id")
+    add_json_flag(dv)
+    dv.set_defaults(func=cmd_documents_versions)
+
+
+# --- ingest ------------------------------------------------------------------------------------
+
+def collect(paths: list[Path], max_bytes: int, document_id: str | None = None) -> tuple[list[Any], list[Any]]:
+    """Files under ``paths`` as ``IngestItem``s, plus ``ItemResult`` rejections found before reading.
+
+    A directory is its own ingest root (ids are paths relative to it, ``/``-separated;
+    hidden files and directories are skipped); a file's root is its parent.
+    """
+    from retrieval.extract import kind_for_suffix
+    from retrieval.store import IngestItem, ItemResult
+
+    if document_id is not None and (len(paths) != 1 or not paths[0].is_file()):
+        raise InvalidInput("--id needs exactly one file path")
+    found: list[tuple[str, Path]] = []
+    rejected: list[ItemResult] = []
+    for root in paths:
+        if root.is_dir():
+            for f in sorted(root.rglob("*")):
+                rel = f.relative_to(root)
+                if f.is_file() and not any(part.startswith(".") for part in rel.parts):
+                    found.append((rel.as_posix(), f))
+        elif root.is_file():
+            found.append((document_id or root.name, root))
+        else:
+            rejected.append(ItemResult(str(root), "rejected", reason=f"no such file or directory: {root}",
+                                       code="not_found"))
+    items = []
+    for doc_id, f in found:
+        try:
+            kind = kind_for_suffix(f.name)
+            size = f.stat().st_size
+            if size > max_bytes:
+                raise TooLarge(f"{size} bytes; the limit is {max_bytes}")
+            items.append(IngestItem(doc_id, raw=f.read_bytes(), kind=kind, source_path=str(f)))
+        except RagBudgetError as exc:
+            rejected.append(ItemResult(doc_id, "rejected", reason=exc.message, code=exc.code))
+        except OSError as exc:
+            rejected.append(ItemResult(doc_id, "rejected", reason=f"cannot read {f}: {exc.strerror}",
+                                       code="unreadable"))
+    return items, rejected
+
+
+def _embedder(args: argparse.Namespace, services: Any) -> tuple[Any, str | None]:
+    if args.no_embed:
+        return None, "embeddings skipped (--no-embed)"
+    try:
+        import retrieval.embedding  # noqa: F401
+    except ImportError:
+        return None, "retrieval.embedding is not available: ingesting without embeddings"
+    return services.embedder, None
+
+
+def _word_pieces(services: Any) -> Any:
+    from app.assets import packaged_embedder_path
+    from retrieval.chunking import wordpiece_counter
+
+    return wordpiece_counter(services.settings.embedder_path or packaged_embedder_path())
+
+
+def _render_report(p: dict[str, Any]) -> str:
+    c = p["counts"]
+    head = (f"revision {p['revision']} (previous {p['previous_revision']})" if p["revision"]
+            else f"no change: still at revision {p['previous_revision']}")
+    lines = [f"{head}: added {c['added']}, updated {c['updated']}, unchanged {c['unchanged']}, "
+             f"deleted {c['deleted']}, rejected {c['rejected']}"]
+    if p["revision"]:
+        lines.append(f"live documents {p['live_documents']}, chunks added {p['chunks_added']}, "
+                     f"embeddings added {p['embeddings_added']}, root {p['root_hash']}")
+    lines.append(f"took {p['timings_ms']['total_ms'] / 1000:.2f} s")
+    for r in p["results"]:
+        if r["status"] == "rejected":
+            lines.append(f"rejected {r['document_id']}: [{r['code']}] {r['reason']}")
+    for note in p.get("notes", []):
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def cmd_ingest(args: argparse.Namespace, services: Any) -> int:
+    from retrieval.chunking import ChunkerConfig
+    from retrieval.db import read_session
+    from retrieval.store import ingest_batch, latest_revision, state_at
+
+    settings = services.settings
+    config = ChunkerConfig(settings.chunk_tokens, settings.chunk_overlap_tokens)  # InvalidConfig first
+    items, rejected = collect(args.paths, settings.max_document_bytes, args.document_id)
+    engine = services.engine
+    delete_ids: list[str] = []
+    if args.delete_missing:
+        present = {it.document_id for it in items} | {r.document_id for r in rejected}
+        with read_session(engine) as s:
+            delete_ids = [v.document_id for v in state_at(s, latest_revision(s))
+                          if v.document_id not in present]
+    embedder, note = _embedder(args, services)
+    if note and not args.json:
+        print(f"note: {note}", file=sys.stderr)
+    report = ingest_batch(
+        engine, items, tokenizer=services.tokenizer, chunker_config=config, embedder=embedder,
+        delete_ids=delete_ids, note=args.note, progress=True, max_document_bytes=settings.max_document_bytes,
+        embed_token_count=None if embedder is not None else _word_pieces(services))
+    report.results.extend(rejected)
+    payload = report.to_dict()
+    if note:
+        payload["notes"] = [note]
+    emit(args, payload, _render_report)
+    return EXIT_REJECTED if report.counts["rejected"] else 0
+
+
+# --- corpus fetch ----------------------------------------------------------------------------------
+
+def cmd_fetch(args: argparse.Namespace, services: Any) -> int:
+    from retrieval.corpus import fetch_postgres_docs
+
+    result = fetch_postgres_docs(services.data_dir, args.version, deb=args.deb, search_dirs=[SHARED_CORPORA])
+    emit(args, result.to_dict(), lambda p: p["path"])
+    if not args.json:
+        print(f"{result.pages} pages of PostgreSQL {result.version} docs from {result.deb}"
+              f"{' (already unpacked)' if result.reused else ''}", file=sys.stderr)
+    return 0
+
+
+# --- revisions and documents --------------------------------------------------------------------------
+
+def cmd_revisions_list(args: argparse.Namespace, services: Any) -> int:
+    from retrieval.db import read_session
+    from retrieval.store import list_revisions
+
+    with read_session(services.engine) as s:
+        revs = [r.to_dict() for r in list_revisions(s, limit=args.limit, newest_first=True)]
+
+    def human(rows: list[dict[str, Any]]) -> str:
+        if not rows:
+            return "no revisions yet"
+        out = [f"{'rev':>5}  {'created_at':32}  {'live':>6}  {'+add':>5}  {'~upd':>5}  {'-del':>5}  root"]
+        for r in rows:
+            out.append(f"{r['number']:>5}  {r['created_at']:32}  {r['live_documents']:>6}  {r['added']:>5}  "
+                       f"{r['updated']:>5}  {r['deleted']:>5}  {r['root_hash'][:23]}  {r['note'] or ''}")
+        return "\n".join(out)
+
+    emit(args, revs, human)
+    return 0
+
+
+def cmd_revisions_show(args: argparse.Namespace, services: Any) -> int:
+    from retrieval.db import read_session
+    from retrieval.store import get_revision, latest_revision, state_at
+
+    with read_session(services.engine) as s:
+        number = args.number if args.number is not None else latest_revision(s)
+        info = get_revision(s, number).to_dict()
+        info["documents"] = [{"document_id": v.document_id, "version": v.version,
+                              "content_hash": v.content_hash} for v in state_at(s, number)]
+
+    def human(p: dict[str, Any]) -> str:
+        out = [f"revision {p['number']} at {p['created_at']}: {p['live_documents']} live documents "
+               f"(+{p['added']} ~{p['updated']} -{p['deleted']} ={p['unchanged']}), root {p['root_hash']}"]
+        out += [f"  {d['document_id']} v{d['version']} {d['content_hash'][:23]}" for d in p["documents"]]
+        return "\n".join(out)
+
+    emit(args, info, human)
+    return 0
+
+
+def cmd_revisions_verify(args: argparse.Namespace, services: Any) -> int:
+    from retrieval.db import read_session
+    from retrieval.store import latest_revision, verify_store
+
+    with read_session(services.engine) as s:
+        problems = verify_store(s)
+        head = latest_revision(s)
+    emit(args, {"revision": head, "ok": not problems, "problems": problems},
+         lambda p: f"store consistent at revision {p['revision']}" if p["ok"]
+         else "\n".join(["store INCONSISTENT:"] + [f"  {x}" for x in p["problems"]]))
+    return 0 if not problems else 4
+
+
+def cmd_documents_show(args: argparse.Namespace, services: Any) -> int:
+    from retrieval.db import read_session
+    from retrieval.store import get_document, get_version
+
+    with read_session(services.engine) as s:
+        if args.version is not None:
+            payload = get_version(s, args.document_id, args.version).to_dict()
+        else:
+            doc = get_document(s, args.document_id)
+            if doc.current is None:
+                raise UnknownDocument(f"document {args.document_id!r} was deleted (version "
+                                      f"{doc.latest_version} is a tombstone); use --version N",
+                                      document_id=args.document_id)
+            payload = doc.current.to_dict()
+
+    def human(p: dict[str, Any]) -> str:
+        return (f"{p['document_id']} v{p['version']} {p['content_hash']} (live from revision "
+                f"{p['live_from_revision']}, until {p['live_until_revision'] or '-'}), "
+                f"{p['n_chunks']} chunks\n\n{p['text'] or '(tombstone)'}")
+
+    emit(args, payload, human)
+    return 0
+
+
+def cmd_documents_versions(args: argparse.Namespace, services: Any) -> int:
+    from retrieval.db import read_session
+    from retrieval.store import list_versions
+
+    with read_session(services.engine) as s:
+        versions = [v.to_dict() for v in list_versions(s, args.document_id)]
+
+    def human(rows: list[dict[str, Any]]) -> str:
+        return "\n".join(
+            f"v{r['version']:<4} {'TOMBSTONE' if r['is_tombstone'] else r['content_hash'][:23]:23}  "
+            f"live {r['live_from_revision']}..{r['live_until_revision'] or ''}" for r in rows)
+
+    emit(args, versions, human)
+    return 0
