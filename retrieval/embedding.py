@@ -185,7 +185,8 @@ class SentenceTransformerEmbedder:
 
     def count_wordpieces(self, text: str) -> int:
         """Word pieces of ``text`` with ``[CLS]``/``[SEP]``, not truncated."""
-        enc = self.model.tokenizer(text, add_special_tokens=True, truncation=False, verbose=False)
+        with self._lock:  # the Rust tokenizer's truncation state is shared with encode()
+            enc = self.model.tokenizer(text, add_special_tokens=True, truncation=False, verbose=False)
         return len(enc["input_ids"])
 
 
