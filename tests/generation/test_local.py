@@ -1,0 +1,140 @@
+"""The local SmolLM2 backend: cached prefix == full prefill, streaming, cancel, sampling, timers."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+from app.generation.base import Generator, GenParams
+from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
+from foundation.errors import TooLarge
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def g(local_generator: Any) -> Any:
+    return local_generator
+
+
+@pytest.fixture(scope="module")
+def prompt(local_generator: Any) -> Any:
+    builder = PromptBuilder.for_generator(local_generator)
+    chunks = [PromptChunk(1, 1, "The pump station is inspected on the first Monday of every month."),
+              PromptChunk(2, 3, "Valves are replaced every five years.")]
+    return builder.build(DEFAULT_SCAFFOLD_TEXT, chunks, "When is the pump station inspected?")
+
+
+def test_local_generator_satisfies_the_protocol(g: Any) -> None:
+    assert isinstance(g, Generator)
+    ident = g.identity
+    assert ident["backend"] == "local" and ident["weights_hash"].startswith("sha256:")
+    assert (ident["device"], ident["dtype"], ident["threads"]) == ("cpu", "float32", 1)
+    assert g.eos_token_ids == [2] and g.context_window == 8192
+
+
+def test_next_token_logits_after_a_cached_prefix_equal_a_full_prefill(g: Any, prompt: Any) -> None:
+    _kv, full = g._prefill_after(None, prompt.ids)
+    entry = g._detached_entry(prompt.scaffold_ids)
+    _kv2, cached = g._prefill_after(entry, prompt.ids[prompt.scaffold_len:])
+    assert int(torch.argmax(full)) == int(torch.argmax(cached))
+    assert torch.allclose(full, cached, atol=1e-3, rtol=0)
+
+
+def test_greedy_answer_is_identical_with_and_without_the_prefix_cache(g: Any, prompt: Any) -> None:
+    params = GenParams(max_new_tokens=12)
+    cold = [e.token_id for e in g.stream(prompt.ids, cached_prefix_ids=None, params=params)]
+    g.warm_prefix(prompt.scaffold_ids)
+    warm = [e.token_id for e in g.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids, params=params)]
+    stats = g.last_stats
+    assert warm == cold and len(cold) > 0
+    assert stats.cached_tokens == prompt.scaffold_len
+    assert stats.computed_tokens == prompt.prompt_tokens - prompt.scaffold_len
+    assert stats.output_token_ids == warm
+
+
+def test_requests_never_mutate_the_stored_prefix(g: Any, prompt: Any) -> None:
+    g.warm_prefix(prompt.scaffold_ids)
+    entry = g.prefix_cache.get(prompt.scaffold_ids)
+    before = entry.kv.get_seq_length()
+    list(g.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids, params=GenParams(max_new_tokens=3)))
+    assert g.prefix_cached(prompt.scaffold_ids)
+    assert entry.kv.get_seq_length() == before == prompt.scaffold_len
+
+
+def test_a_cold_scaffold_is_stored_but_not_counted_as_cached(g: Any, prompt: Any) -> None:
+    g.prefix_cache.clear()
+    list(g.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids, params=GenParams(max_new_tokens=1)))
+    assert g.last_stats.cached_tokens == 0 and g.prefix_cached(prompt.scaffold_ids)
+
+
+def test_stream_events_carry_text_and_increasing_times(g: Any, prompt: Any) -> None:
+    events = list(g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(max_new_tokens=6)))
+    stats = g.last_stats
+    assert [e.index for e in events] == list(range(len(events)))
+    assert all(a.t <= b.t for a, b in zip(events, events[1:], strict=False))
+    assert "".join(e.text for e in events) == g.tokenizer.decode(stats.output_token_ids)
+    assert stats.finish_reason in ("stop", "length") and stats.prefill_ms > 0
+    assert stats.first_token_t == events[0].t and stats.last_token_t == events[-1].t
+
+
+def test_max_new_tokens_ends_with_length(g: Any, prompt: Any) -> None:
+    events = list(g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(max_new_tokens=2)))
+    assert len(events) == 2 and g.last_stats.finish_reason == "length"
+
+
+def test_cancel_between_tokens_stops_within_one_token(g: Any, prompt: Any) -> None:
+    cancel = threading.Event()
+    seen = 0
+    for _ in g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(max_new_tokens=40),
+                                    cancel=cancel):
+        seen += 1
+        if seen == 2:
+            cancel.set()
+    stats = g.last_stats
+    assert seen == 2 and stats.finish_reason == "cancelled" and len(stats.output_token_ids) == 2
+
+
+def test_cancel_before_prefill_generates_nothing(g: Any, prompt: Any) -> None:
+    cancel = threading.Event()
+    cancel.set()
+    events = list(g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(), cancel=cancel))
+    assert events == [] and g.last_stats.finish_reason == "cancelled"
+
+
+def test_closing_the_stream_records_a_cancelled_answer_and_frees_the_model(
+        g: Any, prompt: Any) -> None:
+    it = g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(max_new_tokens=40))
+    next(it)
+    it.close()
+    assert g.last_stats.finish_reason == "cancelled"
+    assert g._lock.acquire(blocking=False)
+    g._lock.release()
+
+
+def test_sampling_with_the_same_seed_repeats(g: Any, prompt: Any) -> None:
+    params = GenParams(max_new_tokens=6, temperature=0.9, top_p=0.9)
+    first = [e.token_id for e in g.stream(prompt.ids, cached_prefix_ids=None, params=params)]
+    seed = g.last_stats.params.seed
+    again = [e.token_id for e in g.stream(prompt.ids, cached_prefix_ids=None,
+                                                        params=GenParams(6, 0.9, 0.9, seed))]
+    assert isinstance(seed, int) and first == again
+
+
+def test_prompt_that_fills_the_context_window_is_rejected(g: Any) -> None:
+    with pytest.raises(TooLarge):
+        g.stream([5] * g.context_window, cached_prefix_ids=None, params=GenParams())
+
+
+def test_calibration_timers_return_milliseconds(g: Any) -> None:
+    assert g.prefill_ms(48, 0) > 0 and g.prefill_ms(48, 32) > 0 and g.decode_step_ms(48) > 0
+    assert len(g.prefix_cache) <= g.prefix_cache.capacity
+
+
+def test_config_dict_has_the_roofline_fields(g: Any) -> None:
+    cfg = g.config_dict()
+    assert cfg["num_hidden_layers"] == 30 and cfg["num_key_value_heads"] == 3
+    assert 100_000_000 < cfg["num_parameters"] < 200_000_000 and cfg["vocab_size"] == 49152
