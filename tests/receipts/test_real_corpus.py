@@ -76,7 +76,8 @@ def _ingest(real, texts):
 def _prompt(real, question, hits):
     from app.prompt import PromptChunk
 
-    p = real["builder"].build(SCAFFOLD, [PromptChunk(h.document_id, h.version, h.text) for h in hits], question)
+    chunks = [PromptChunk(h.document_id, h.version, h.text) for h in hits]
+    p = real["builder"].build(SCAFFOLD, chunks, question)
     return p.prompt_hash, p.prompt_tokens
 
 
@@ -92,7 +93,8 @@ def test_receipt_from_15_18_replays_exactly_after_15_20(real):
                               "document_id": h.document_id, "version": h.version,
                               "chunk_hash": h.chunk_hash} for h in result.hits])
     s["embedder"] = {"id": result.embedder_id, "identity": result.embedder}
-    s["retrieval"] = {"k_candidates": result.k, "index": result.index, "query_truncated": result.query_truncated}
+    s["retrieval"] = {"k_candidates": result.k, "index": result.index,
+                      "query_truncated": result.query_truncated}
     token_ids_hash, n = _prompt(real, QUESTION, result.hits[:k])
     s["prompt"].update(token_ids_hash=token_ids_hash, prompt_tokens=n)
     stored = append_receipt(engine, s)
