@@ -1,0 +1,83 @@
+"""``GET /v1/latency/profiles`` and ``GET /v1/latency/profiles/{id}``: stored latency profiles.
+
+Read-only and open to every role (``copilot`` and up): a copilot may want to
+know which profile its plans come from and how good it is. Calibration changes
+what every later answer sees, so it stays a CLI action (``ragbudget calibrate``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.api.deps import get_services, require_role
+from app.services import Services
+
+router = APIRouter(prefix="/v1/latency", tags=["latency"])
+
+
+class ProfilePublic(BaseModel):
+    """A profile without its raw samples. Times in ms, errors as fractions."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    id: str
+    source: str
+    created_at: str
+    device: str
+    device_name: str
+    model_id: str
+    weights_hash: str
+    dtype: str
+    threads: int | None
+    backend: str
+    context_window: int | None
+    prefill_model: str
+    prefill_coefficients: dict[str, float]
+    prefill_quantiles: dict[str, float]
+    decode_model: str
+    decode_coefficients: dict[str, float]
+    decode_quantiles: dict[str, float]
+    held_out: dict[str, Any]
+    form_comparison: dict[str, float | None]
+    calibration: dict[str, Any]
+    samples_hash: str
+    software: dict[str, str]
+    prior: dict[str, Any] | None
+    notes: list[str]
+    schema_: int = Field(alias="schema", description="profile schema version")
+
+
+class ProfileList(BaseModel):
+    profiles: list[ProfilePublic]
+
+
+def _public(summary: dict[str, Any]) -> ProfilePublic:
+    return ProfilePublic.model_validate(summary)
+
+
+@router.get("/profiles", response_model=ProfileList,
+            dependencies=[Depends(require_role("copilot"))])
+def list_latency_profiles(services: Services = Depends(get_services)) -> ProfileList:
+    """Every stored profile (fitted and prior), newest first, without raw samples."""
+    from app.profile_store import list_profiles
+
+    return ProfileList(profiles=[_public(p.summary())
+                                 for p in list_profiles(services.engine, services.data_dir)])
+
+
+@router.get("/profiles/{profile_id}", dependencies=[Depends(require_role("copilot"))])
+def get_latency_profile(profile_id: str, samples: bool = Query(
+        True, description="include the raw calibration samples"),
+        services: Services = Depends(get_services)) -> dict[str, Any]:
+    """One profile, complete (raw samples included unless ``samples=false``).
+
+    ``profile_id``: ``sha256:<hex>``, the bare hex, or a unique prefix of >= 8 hex digits.
+    404 ``unknown_profile`` when absent; 422 for a malformed or ambiguous id.
+    """
+    from app.profile_store import load_profile
+
+    profile = load_profile(services.engine, services.data_dir, profile_id)
+    return profile.to_dict() if samples else profile.summary()

@@ -1,0 +1,134 @@
+"""``ragbudget calibrate`` and ``ragbudget profiles list|show``: latency profiles from the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from app.cli.common import add_json_flag, emit
+from foundation.errors import InvalidConfig
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    cal = sub.add_parser("calibrate", help="time the generator on this device and fit a latency profile")
+    cal.add_argument("--quick", action="store_true",
+                     help="prompts up to 2048 tokens (< 2 min for the default model on 2 CPU cores)")
+    cal.add_argument("--seed", type=int, default=0, help="seed of the interleaved order (default 0)")
+    cal.add_argument("--cached-tokens", type=int, nargs="+", metavar="N",
+                     help="cached-prefix lengths to measure besides 0 (default: the scaffold sizes)")
+    cal.add_argument("--prefill-model", choices=["linear", "quadratic", "quadratic_split"],
+                     help="force a prefill form (default: chosen by held-out error)")
+    cal.add_argument("--no-save", action="store_true", help="fit and print, but do not store")
+    cal.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_json_flag(cal)
+    cal.set_defaults(func=cmd_calibrate)
+
+    prof = sub.add_parser("profiles", help="list and show latency profiles")
+    psub = prof.add_subparsers(dest="profiles_command", metavar="ACTION")
+    psub.required = True
+    ls = psub.add_parser("list", help="every stored profile, newest first")
+    add_json_flag(ls)
+    ls.set_defaults(func=cmd_list)
+    show = psub.add_parser("show", help="one profile (--json: complete, with raw samples)")
+    show.add_argument("profile_id", metavar="ID", help="sha256:<hex> or at least 8 hex digits")
+    add_json_flag(show)
+    show.set_defaults(func=cmd_show)
+
+
+def scaffold_sizes(services: Any) -> list[int]:
+    """Token counts of the scaffolds in use (stored ones plus the default), best effort."""
+    try:
+        from sqlalchemy import select
+
+        from app.models import Scaffold
+        from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder
+        from retrieval.db import read_session
+
+        builder = PromptBuilder.for_generator(services.generator)
+        with read_session(services.engine) as session:
+            texts = set(session.scalars(select(Scaffold.text)))
+        texts.add(DEFAULT_SCAFFOLD_TEXT)
+        return sorted({len(builder.scaffold_ids(t)) for t in texts})
+    except Exception as exc:  # the prompt layer is optional here; calibrate still works without it
+        print(f"note: scaffold sizes unavailable ({exc}); measuring cached length 0 only",
+              file=sys.stderr)
+        return []
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def describe(profile: dict[str, Any]) -> str:
+    """A few human-readable lines about a profile (summary dict)."""
+    held = profile.get("held_out") or {}
+    coef = ", ".join(f"{k}={v:.4g}" for k, v in profile["prefill_coefficients"].items())
+    dec = ", ".join(f"{k}={v:.4g}" for k, v in profile["decode_coefficients"].items())
+    q = profile["prefill_quantiles"]
+    lines = [
+        f"profile {profile['id']}  [source: {profile['source']}]",
+        f"  device   {profile['device_name']} ({profile['device']}, {profile['dtype']}, "
+        f"threads={profile['threads']})",
+        f"  model    {profile['model_id']}  weights {profile['weights_hash'][:19]}...",
+        f"  prefill  {profile['prefill_model']}: {coef}  (ms; band p50 {q.get('p50', 0):+.1%}, "
+        f"p95 {q.get('p95', 0):+.1%})",
+        f"  decode   {profile['decode_model']}: {dec}  (ms)",
+        f"  created  {profile['created_at']}",
+    ]
+    if profile["source"] == "fitted":
+        lines.append(f"  held-out leave-one-length-out MAPE {_pct(held.get('loo_length_mape'))}; "
+                     f"fresh points: MAPE {_pct(held.get('fresh_mape'))}, p95 coverage "
+                     f"{_pct(held.get('fresh_p95_coverage'))} of {held.get('fresh_points')}")
+        if profile.get("form_comparison"):
+            lines.append("  forms    " + ", ".join(f"{k} {_pct(v)}" for k, v in
+                                                    sorted(profile["form_comparison"].items())))
+    elif profile.get("prior"):
+        lines.append(f"  prior    {profile['prior'].get('peaks_source')}")
+    lines += [f"  note     {n}" for n in profile.get("notes", [])]
+    return "\n".join(lines)
+
+
+def cmd_calibrate(args: argparse.Namespace, services: Any) -> int:
+    from app.profile_store import save_profile
+    from latency_model.calibration import PrefillTimer, calibrate, full_grid, quick_grid
+
+    timer = services.generator
+    if not isinstance(timer, PrefillTimer):
+        raise InvalidConfig("the configured generator cannot be timed (no prefill_ms/decode_step_ms)")
+    window = int(timer.identity.get("context_window") or getattr(timer, "context_window", 0) or 2048)
+    cached = args.cached_tokens if args.cached_tokens is not None else scaffold_sizes(services)
+    grid = (quick_grid if args.quick else full_grid)(window, list(cached))
+    profile = calibrate(timer, grid=grid, seed=args.seed, progress=not args.no_progress,
+                        prefill_model=args.prefill_model)
+    path = None if args.no_save else save_profile(services.engine, services.data_dir, profile)
+    payload = {**profile.summary(), "saved_to": str(path) if path else None}
+    emit(args, payload, lambda p: describe(p) + (f"\n  saved    {p['saved_to']}" if p["saved_to"] else ""))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace, services: Any) -> int:
+    from app.profile_store import list_profiles
+
+    profiles = [p.summary() for p in list_profiles(services.engine, services.data_dir)]
+
+    def human(rows: list[dict[str, Any]]) -> str:
+        if not rows:
+            return "no latency profiles yet; run `ragbudget calibrate --quick`"
+        out = [f"{'id':<21} {'source':<7} {'created':<20} {'loo MAPE':>8}  device / model"]
+        for p in rows:
+            out.append(f"{p['id'][:21]:<21} {p['source']:<7} {p['created_at'][:19]:<20} "
+                       f"{_pct((p.get('held_out') or {}).get('loo_length_mape')):>8}  "
+                       f"{p['device_name']} / {p['model_id']} ({p['dtype']}, threads={p['threads']})")
+        return "\n".join(out)
+
+    emit(args, profiles, human)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace, services: Any) -> int:
+    from app.profile_store import load_profile
+
+    profile = load_profile(services.engine, services.data_dir, args.profile_id)
+    emit(args, profile.to_dict(), lambda p: describe(p))
+    return 0

@@ -1,0 +1,117 @@
+"""``ragbudget calibrate`` / ``profiles`` and ``GET /v1/latency/profiles`` with a fake generator."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+
+from app.api.app import create_app
+from app.auth import create_key
+from app.cli.main import main
+from app.profile_store import save_profile
+from app.services import Services
+from app.settings import Settings, get_settings
+from latency_model.profile import Profile
+from tests.latency_model.test_profile_store import FakeGenerator
+
+
+@pytest.fixture
+def fake_env(engine: Engine, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> FakeGenerator:
+    """Every Services built in this test uses one fake generator and the database under test."""
+    fake = FakeGenerator()
+    monkeypatch.setattr(Services, "generator", property(lambda self: fake))
+    monkeypatch.setenv("RAGBUDGET_DATA_DIR", str(settings.data_dir))
+    monkeypatch.setenv("RAGBUDGET_DATABASE_URL", settings.resolved_database_url)
+    return fake
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_calibrate_quick_json_fits_and_saves_a_profile(fake_env: FakeGenerator, settings: Settings,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "calibrate", "--quick", "--json", "--no-progress",
+                        "--cached-tokens", "200")
+    data = json.loads(out)
+    assert code == 0 and data["source"] == "fitted" and "samples" not in data
+    assert data["calibration"]["name"] == "quick" and data["calibration"]["cached_tokens"] == [0, 200]
+    assert data["saved_to"].startswith(str(settings.data_dir))
+    assert {c[0] for c in fake_env.calls} == {"prefill", "decode"}
+
+
+def test_calibrate_without_scaffold_sizes_measures_cached_zero(fake_env: FakeGenerator,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "calibrate", "--quick", "--json", "--no-progress", "--no-save")
+    data = json.loads(out)
+    assert code == 0 and data["calibration"]["cached_tokens"] == [0] and data["saved_to"] is None
+    assert "scaffold sizes unavailable" in err
+
+
+def test_profiles_list_and_show(fake_env: FakeGenerator, engine: Engine, settings: Settings,
+                                fitted_profile: Profile, capsys: pytest.CaptureFixture[str]) -> None:
+    save_profile(engine, settings.data_dir, fitted_profile)
+    code, out, _ = _run(capsys, "profiles", "list", "--json")
+    assert code == 0 and [p["id"] for p in json.loads(out)] == [fitted_profile.id]
+    code, out, _ = _run(capsys, "profiles", "show", fitted_profile.id[7:20], "--json")
+    assert code == 0 and Profile.from_dict(json.loads(out)) == fitted_profile
+    code, out, _ = _run(capsys, "profiles", "show", fitted_profile.id)
+    assert code == 0 and "source: fitted" in out and "leave-one-length-out" in out
+
+
+def test_profiles_show_unknown_id_exits_not_found(fake_env: FakeGenerator,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "profiles", "show", "deadbeefdeadbeef", "--json")
+    assert code == 3 and json.loads(out)["error"]["code"] == "unknown_profile"
+
+
+def test_profiles_list_when_empty_says_how_to_calibrate(fake_env: FakeGenerator,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "profiles", "list")
+    assert code == 0 and "ragbudget calibrate" in out
+
+
+@pytest.fixture
+def client(fake_env: FakeGenerator, engine: Engine, settings: Settings,
+           fitted_profile: Profile) -> Iterator[tuple[TestClient, str]]:
+    save_profile(engine, settings.data_dir, fitted_profile)
+    conf = get_settings(data_dir=settings.data_dir, database_url=settings.resolved_database_url,
+                        auth_enabled=True)
+    _, key = create_key(engine, "copilot", "latency test")
+    with TestClient(create_app(conf)) as c:
+        yield c, key
+
+
+def test_api_lists_profiles_without_samples(client: tuple[TestClient, str], fitted_profile: Profile) -> None:
+    c, key = client
+    r = c.get("/v1/latency/profiles", headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200
+    [p] = r.json()["profiles"]
+    assert p["id"] == fitted_profile.id and p["source"] == "fitted" and "samples" not in p
+    assert p["schema"] == 1
+
+
+def test_api_returns_one_complete_profile(client: tuple[TestClient, str], fitted_profile: Profile) -> None:
+    c, key = client
+    r = c.get(f"/v1/latency/profiles/{fitted_profile.id}", headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200 and Profile.from_dict(r.json()) == fitted_profile
+    r = c.get(f"/v1/latency/profiles/{fitted_profile.id}?samples=false",
+              headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200 and "samples" not in r.json()
+
+
+def test_api_unknown_profile_is_404(client: tuple[TestClient, str]) -> None:
+    c, key = client
+    r = c.get("/v1/latency/profiles/" + "ab" * 32, headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_profile"
+
+
+def test_api_requires_a_key(client: tuple[TestClient, str]) -> None:
+    c, _ = client
+    assert c.get("/v1/latency/profiles").status_code == 401
