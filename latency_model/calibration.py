@@ -32,6 +32,7 @@ QUICK_MAX_PROMPT_TOKENS = 2048
 QUICK_LADDER = (8, 32, 96, 256, 512, 768, 1024, 1536, 2048)
 FULL_LADDER = (8, 32, 96, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384,
                24576, 32768)
+CONTENTION_WARNING = 0.05  # other processes' share of the CPU above which a profile says so
 IDENTITY_KEYS = ("device", "device_name", "model_id", "weights_hash", "dtype", "threads",
                  "context_window", "backend")
 
@@ -197,11 +198,14 @@ def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, prog
     """
     from tqdm import tqdm
 
+    from latency_model.probe import cpu_snapshot, other_cpu_fraction
+
     identity = dict(timer.identity)
     plan = schedule(grid, seed)
     prefill_rows: list[list[Any]] = []
     decode_rows: list[list[Any]] = []
     started = now_iso()
+    cpu_start = cpu_snapshot()
     bar = tqdm(total=len(plan), desc=f"calibrate ({grid.name})", unit="call", file=sys.stderr,
                disable=not progress, dynamic_ncols=True)
     try:
@@ -216,18 +220,20 @@ def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, prog
             bar.update(1)
     finally:
         bar.close()
+    contention = other_cpu_fraction(cpu_start, cpu_snapshot())
     return fit_profile(identity, prefill_rows, decode_rows, grid=grid, seed=seed, started_at=started,
-                       prefill_model=prefill_model)
+                       prefill_model=prefill_model, other_cpu_fraction=contention)
 
 
 def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_rows: list[list[Any]],
                 *, grid: CalibrationGrid, seed: int, started_at: str,
-                prefill_model: str | None = None) -> Profile:
+                prefill_model: str | None = None, other_cpu_fraction: float | None = None) -> Profile:
     """Fit a profile from raw rows ``[prompt, cached, ms, role]`` and ``[context, ms, role]``.
 
     Fit rows (role ``fit``) train the models; ``fresh`` rows score them (MAPE of
     the p50, share of measurements at or below the p95); ``warmup`` rows are kept
-    but unused.
+    but unused. ``other_cpu_fraction`` (share of the CPU other processes used during
+    the run) is recorded, with a note when it is high enough to inflate timings.
 
     Raises:
         InvalidInput: too few fit rows or lengths.
@@ -258,10 +264,14 @@ def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_
         form_comparison={k: finite_or_none(v) for k, v in comparison.items()},
         calibration={**asdict(grid), "seed": seed, "started_at": started_at,
                      "prefill_fit_samples": int(fit.shape[0]), "fresh_samples": int(fresh.shape[0]),
-                     "decode_samples": int(dec.shape[0])},
+                     "decode_samples": int(dec.shape[0]),
+                     "other_cpu_fraction": finite_or_none(other_cpu_fraction)},
         samples={"prefill": [[int(n), int(c), float(ms), str(role)] for n, c, ms, role in prefill_rows],
                  "decode": [[int(x), float(ms), str(role)] for x, ms, role in decode_rows]},
-        software=software_versions(), notes=[grid.note],
+        software=software_versions(), notes=[grid.note] + (
+            [f"other processes used {other_cpu_fraction:.0%} of the CPU during calibration; "
+             f"timings may be inflated, re-run on a quiet machine"]
+            if other_cpu_fraction is not None and other_cpu_fraction > CONTENTION_WARNING else []),
     )
     held_out: dict[str, Any] = {
         "loo_length_mape": finite_or_none(chosen.loo_length_mape),

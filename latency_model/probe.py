@@ -52,3 +52,42 @@ def probe_cpu(threads: int, *, matmul_n: int = 512, copy_mib: int = 64, repeats:
             "matmul_n": matmul_n, "copy_mib": copy_mib,
             "source": f"cpu probe: fp32 {matmul_n}^3 torch.mm on {threads} threads "
                       f"{flops / 1e9:.1f} GFLOP/s; {copy_mib} MiB copy {bandwidth / 1e9:.1f} GB/s"}
+
+
+def cpu_snapshot() -> tuple[float, float, float] | None:
+    """``(all-CPU busy seconds, this process's CPU seconds, perf_counter)`` now, or ``None``.
+
+    Busy time comes from the first line of ``/proc/stat`` (user + nice + system +
+    irq + softirq + steal, in USER_HZ ticks); ``None`` where it is unreadable
+    (not Linux).
+    """
+    import os
+    import resource
+
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    hz = os.sysconf("SC_CLK_TCK")
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return ((user + nice + system + irq + softirq + steal) / hz, usage.ru_utime + usage.ru_stime,
+            time.perf_counter())
+
+
+def other_cpu_fraction(start: tuple[float, float, float] | None,
+                       end: tuple[float, float, float] | None) -> float | None:
+    """Share of all cores that *other* processes kept busy between two :func:`cpu_snapshot` calls.
+
+    ``(busy_all - busy_self) / (wall * cores)``, clipped to ``[0, 1]``; ``None``
+    when a snapshot is missing. On a 2-core machine with 2 torch threads, a few
+    percent already inflates timings (threads wait for a descheduled peer).
+    """
+    import os
+
+    if start is None or end is None or end[2] <= start[2]:
+        return None
+    cores = os.cpu_count() or 1
+    others = (end[0] - start[0]) - (end[1] - start[1])
+    return float(min(1.0, max(0.0, others / ((end[2] - start[2]) * cores))))

@@ -101,3 +101,25 @@ def test_a_timer_returning_nonsense_is_a_backend_error() -> None:
 def test_negative_scaffold_size_is_invalid() -> None:
     with pytest.raises(InvalidInput):
         quick_grid(8192, [-5])
+
+
+def test_other_cpu_fraction_subtracts_this_process() -> None:
+    from latency_model.probe import other_cpu_fraction
+
+    cores = __import__("os").cpu_count() or 1
+    # 10 s wall; all CPUs busy 10*cores s, of which this process used 10 s.
+    frac = other_cpu_fraction((0.0, 0.0, 0.0), (10.0 * cores, 10.0, 10.0))
+    assert frac == pytest.approx((cores - 1) / cores)
+    assert other_cpu_fraction(None, (1.0, 1.0, 1.0)) is None
+
+
+def test_profile_notes_heavy_contention() -> None:
+    from latency_model.calibration import fit_profile
+
+    timer, grid = FakeTimer(), quick_grid(1024, [])
+    rows = [[n, c, timer.prefill_ms(n, c), "fit"] for n, c in grid.fit_points()]
+    dec = [[x, timer.decode_step_ms(x), "fit"] for x in grid.decode_contexts]
+    profile = fit_profile(timer.identity, rows, dec, grid=grid, seed=0, started_at="t",
+                          other_cpu_fraction=0.4)
+    assert profile.calibration["other_cpu_fraction"] == 0.4
+    assert any("40%" in n for n in profile.notes)
