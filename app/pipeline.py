@@ -118,6 +118,27 @@ class AnswerPipeline:
                 self._builder = PromptBuilder.for_generator(gen)
             return self._scaffold, self._builder
 
+    def warm(self) -> dict[str, float]:
+        """Load everything an answer needs, outside any request's clock; ms per step.
+
+        Loads the embedder and the index (one throw-away retrieval), the generator,
+        the scaffold and its prefix KV cache, and the latency profile, so the first
+        request's TTFT measures serving, not start-up.
+        """
+        out: dict[str, float] = {}
+        t = time.perf_counter()
+        self.services.retriever.retrieve("warm-up", 1)
+        out["retriever_ms"] = (time.perf_counter() - t) * 1000.0
+        t = time.perf_counter()
+        scaffold, builder = self.scaffold_and_builder()
+        out["generator_ms"] = (time.perf_counter() - t) * 1000.0
+        out["prefix_cache_ms"] = float(self.services.generator.warm_prefix(
+            builder.scaffold_ids(scaffold.text)))
+        t = time.perf_counter()
+        self.profile()
+        out["profile_ms"] = (time.perf_counter() - t) * 1000.0
+        return out
+
     def profile(self) -> Any:
         """The latency profile in force for the generator (fitted, else a roofline prior)."""
         from app.profile_store import current_profile
@@ -165,6 +186,8 @@ class AnswerPipeline:
         k = plan.chosen_k if plan.chosen_k is not None else 0
         prompt = builder.build(scaffold.text, self.prompt_chunks(result.hits[:k]), question)
         t2 = time.perf_counter()
+        if question != req.question:
+            req = AnswerRequest(**{**req.__dict__, "question": question})
         return Prepared(
             request=req, budget_ms=budget, max_new_tokens=max_new, retrieval=result, plan=plan,
             prompt=prompt, full_prompt=full, profile=profile, scaffold=scaffold,
@@ -333,7 +356,8 @@ class AnswerPipeline:
                        "device": ident.get("device"), "params": params.to_dict()},
             timings=summary["timings"],
             output={"text": text, "text_hash": sha256_text(text),
-                    "token_ids_hash": sha256_ints(out_ids), "output_tokens": summary["tokens"]["output"]},
+                    "token_ids": out_ids, "token_ids_hash": sha256_ints(out_ids),
+                    "output_tokens": summary["tokens"]["output"]},
             status=summary["status"], error=summary["error"],
             software=software_versions(),
         )
@@ -343,3 +367,62 @@ class AnswerPipeline:
 def _hit_summary(h: Any) -> dict[str, Any]:
     return {"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id, "document_id": h.document_id,
             "version": h.version, "chunk_hash": h.chunk_hash}
+
+
+def replay_hooks(services: Services) -> tuple[Any, Any]:
+    """The app-side halves of replay (:func:`receipts.replay.replay`), for ``services``.
+
+    Returns ``(rebuild_prompt, regenerate)``:
+
+    * ``rebuild_prompt(body, hits) -> (token_ids_hash, prompt_tokens)`` rebuilds the
+      prompt token for token from the recorded scaffold (looked up by hash), the
+      cited chunks ``hits`` (rank order, texts from the stored document versions)
+      and the recorded question.
+    * ``regenerate(body) -> {"token_ids", "token_ids_hash", "text", "environment"}``
+      generates again with the recorded parameters (greedy unless a seed was
+      recorded) on that rebuilt prompt.
+
+    Raises (from the hooks):
+        NotFound: the recorded scaffold is not in the database.
+    """
+    from app.generation.base import GenParams
+    from app.prompt import PromptBuilder, PromptChunk, scaffold_by_hash
+    from foundation.errors import NotFound
+
+    def _prompt(body: dict[str, Any], hits: list[Any]) -> Any:
+        sc = body["scaffold"]
+        row = scaffold_by_hash(services.engine, sc["hash"])
+        if row is None:
+            raise NotFound(f"scaffold {sc['hash']} is not stored", code="unknown_scaffold")
+        builder = PromptBuilder.for_generator(services.generator)
+        chunks = [PromptChunk(document_id=_attr(h, "document_id"), version=_attr(h, "version"),
+                              text=_attr(h, "text")) for h in hits]
+        return builder.build(row.text, chunks, body["question"])
+
+    def rebuild_prompt(body: dict[str, Any], hits: list[Any]) -> tuple[str, int]:
+        prompt = _prompt(body, hits)
+        return prompt.prompt_hash, prompt.prompt_tokens
+
+    def regenerate(body: dict[str, Any]) -> dict[str, Any]:
+        from receipts.stored import stored_hits
+
+        hits, _problems = stored_hits(services.engine, body)
+        prompt = _prompt(body, hits)
+        gen = services.generator
+        p = body["generator"]["params"]
+        params = GenParams(max_new_tokens=int(p["max_new_tokens"]), temperature=float(p["temperature"]),
+                           top_p=float(p["top_p"]), seed=p.get("seed"))
+        text = "".join(ev.text for ev in gen.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids,
+                                                     params=params))
+        ids = list(gen.last_stats.output_token_ids)
+        ident = gen.identity
+        env = {f"generator.{k}": ident.get(k) for k in ("backend", "model_id", "weights_hash", "dtype",
+                                                         "device")}
+        env.update({f"software.{k}": v for k, v in software_versions().items()})
+        return {"token_ids": ids, "token_ids_hash": sha256_ints(ids), "text": text, "environment": env}
+
+    return rebuild_prompt, regenerate
+
+
+def _attr(obj: Any, name: str) -> Any:
+    return obj[name] if isinstance(obj, dict) else getattr(obj, name)

@@ -53,6 +53,7 @@ def cmd_ask(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyp
     from app.pipeline import AnswerPipeline, AnswerRequest
 
     pipeline = AnswerPipeline(services)
+    pipeline.warm()
     req = AnswerRequest(question=args.question, ttft_budget_ms=args.budget_ms,
                         max_new_tokens=args.max_new_tokens, revision=args.revision, k_max=args.k_max)
     cancel = threading.Event()
@@ -76,7 +77,9 @@ def cmd_ask(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyp
 def cmd_advise(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyped-def]
     from app.pipeline import AnswerPipeline, AnswerRequest
 
-    out = AnswerPipeline(services).advise(AnswerRequest(
+    pipeline = AnswerPipeline(services)
+    pipeline.warm()
+    out = pipeline.advise(AnswerRequest(
         question=args.question, ttft_budget_ms=args.budget_ms, revision=args.revision,
         k_max=args.k_max, max_new_tokens=args.max_new_tokens))
 

@@ -41,7 +41,6 @@ def cmd_serve(args: argparse.Namespace, services) -> int:  # type: ignore[no-unt
               f"  {key}", file=sys.stderr, flush=True)
     app = create_app(services=services)
     if not args.no_preload:
-        services.generator  # noqa: B018  (load once, before the first request)
-        services.retriever  # noqa: B018
+        app.state.pipeline.warm()  # load models, index and prefix cache before the first request
     uvicorn.run(app, host=host, port=port, log_level="info")
     return 0
