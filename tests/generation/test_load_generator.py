@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.generation import load_generator
+from app.generation import Generator, load_generator
 from app.generation.remote import RemoteGenerator
 from app.services import Services
 from app.settings import get_settings
@@ -27,7 +27,8 @@ def test_remote_backend_uses_the_services_tokenizer(tmp_path: Path) -> None:
                                 remote_tokenizer="cl100k_base")
         services = Services(settings)
         gen = services.generator
-        assert isinstance(gen, RemoteGenerator) and gen.tokenizer is services.tokenizer
+        assert isinstance(gen, RemoteGenerator) and isinstance(gen, Generator)
+        assert gen.tokenizer is services.tokenizer
         assert gen.identity["model_id"] == "fake-model" and gen.context_window == 2048
 
 
