@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,6 @@ from app.genqueue import Cancelled, GenerationQueue
 from app.metrics import AnswerMetrics
 from app.services import Services
 from app.validation import check_budget, check_k, check_max_new_tokens, check_question
-from foundation.errors import RagBudgetError
 from foundation.hashing import sha256_ints, sha256_text
 
 log = logging.getLogger("ragbudget.pipeline")
@@ -227,8 +227,9 @@ class AnswerPipeline:
         cancel = cancel or threading.Event()
         prepared = self.prepare(req, arrival_t)
         gen = self.services.generator
+        # resolved(): a sampling request without a seed gets one drawn now, so it is recorded.
         params = GenParams(max_new_tokens=prepared.max_new_tokens, temperature=req.temperature,
-                           top_p=req.top_p, seed=req.seed)
+                           top_p=req.top_p, seed=req.seed).resolved()
         state: dict[str, Any] = {"status": "ok", "error": None, "text": [], "first_t": None,
                                  "last_t": None, "n": 0, "queue_ms": None, "stats": None}
         slot: Any = self.queue.slot(cancel)
@@ -237,22 +238,24 @@ class AnswerPipeline:
         except Cancelled:
             state["status"] = "cancelled"
             slot = None
-        except RagBudgetError:
-            raise
         try:
             if slot is not None:
-                it = gen.stream(prepared.prompt.ids, cached_prefix_ids=prepared.prompt.scaffold_ids,
-                                params=params, cancel=cancel)
-                for ev in it:
-                    state["n"] += 1
-                    state["last_t"] = ev.t
-                    if state["first_t"] is None and ev.text:
-                        state["first_t"] = ev.t
-                    if ev.text:
-                        state["text"].append(ev.text)
-                        yield AnswerEvent("token", text=ev.text)
-                    if cancel.is_set():
-                        break
+                # closing(): the generator releases the model lock and finalises its stats
+                # even when the loop stops early (cancel, client gone).
+                with closing(gen.stream(prepared.prompt.ids,
+                                        cached_prefix_ids=prepared.prompt.scaffold_ids,
+                                        params=params, cancel=cancel,
+                                        messages=prepared.prompt.messages or None)) as it:
+                    for ev in it:
+                        state["n"] += 1
+                        state["last_t"] = ev.t
+                        if state["first_t"] is None and ev.text:
+                            state["first_t"] = ev.t
+                        if ev.text:
+                            state["text"].append(ev.text)
+                            yield AnswerEvent("token", text=ev.text)
+                        if cancel.is_set():
+                            break
                 state["stats"] = getattr(gen, "last_stats", None)
                 if cancel.is_set():
                     state["status"] = "cancelled"
