@@ -266,3 +266,16 @@ def test_embeddings_of_new_chunks_commit_with_the_batch_and_are_never_recomputed
     assert hashes == stored and emb.calls == len(hashes)
     ingest([IngestItem("c", text="Other.")], embedder=emb, embed_token_count=None)  # same chunk text as b
     assert emb.calls == len(hashes) and rows(engine, Embedding) == len(hashes)
+
+
+def test_a_change_committed_between_prepare_and_commit_is_diffed_against_the_new_head(engine, ingest):
+    ingest([IngestItem("a", text="Original text.")])
+
+    def meanwhile(done: int, total: int) -> None:  # runs after preparing, before the write transaction
+        ingest([IngestItem("a", text="Someone else's edit.")])
+
+    report = ingest([IngestItem("a", text="Original text.")], progress=meanwhile)
+    assert (report.results[0].status, report.results[0].version, report.revision) == ("updated", 3, 3)
+    with read_session(engine) as s:
+        assert get_version(s, "a", 3).n_chunks == 1
+        assert verify_store(s) == []
