@@ -1,0 +1,102 @@
+"""``ragbudget sweep``: the chunk-count vs TTFT tuning report (CSV, JSON summary, PNG)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from app.cli.common import add_json_flag, emit
+from foundation.errors import InvalidInput
+
+OPERATIONAL = Path(__file__).resolve().parent.parent / "questions" / "operational.json"
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    s = sub.add_parser("sweep", help="measure TTFT against k (and recall@k): the tuning report")
+    s.add_argument("--questions", type=Path, default=None,
+                   help="JSON or text file of questions (default: the project's operational questions "
+                        "plus questions drawn from the fetched corpus's book index)")
+    s.add_argument("--labels", type=Path, default=None,
+                   help="JSON {question id or text: [relevant document ids]}")
+    s.add_argument("--k-max", type=int, default=16)
+    s.add_argument("--budgets", default="300,600,1000", help="comma-separated TTFT budgets in ms")
+    s.add_argument("--repeats", type=int, default=2, help="timed prefills per (question, k)")
+    s.add_argument("--index-questions", type=int, default=4,
+                   help="book-index questions added to the default set")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", type=Path, required=True, help="output directory")
+    add_json_flag(s)
+    s.set_defaults(func=cmd_sweep)
+
+
+def _budgets(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise InvalidInput(f"--budgets must be comma-separated numbers: {text!r}",
+                           code="invalid_budget") from exc
+    if not values or any(not (v > 0) for v in values):
+        raise InvalidInput("--budgets must be positive numbers of ms", code="invalid_budget")
+    return values
+
+
+def default_questions(services: Any, n_index: int, seed: int) -> list[dict[str, Any]]:
+    """The project's operational questions plus ``n_index`` drawn from the newest fetched
+    PostgreSQL docs' book index (derived at run time, never stored)."""
+    from app.sweep import bookindex_questions, load_questions
+
+    questions = load_questions(OPERATIONAL)
+    corpora = sorted((services.data_dir / "corpora").glob("postgres-docs-*"))
+    if corpora and n_index > 0:
+        questions += bookindex_questions(corpora[-1], n_index, seed)
+    return questions
+
+
+def cmd_sweep(args: argparse.Namespace, services: Any) -> int:
+    from app.pipeline import AnswerPipeline
+    from app.sweep import load_labels, load_questions, run_sweep, write_outputs
+
+    budgets = _budgets(args.budgets)
+    if not 0 <= args.k_max <= services.settings.max_k:
+        raise InvalidInput(f"--k-max must be in [0, {services.settings.max_k}]", code="invalid_k")
+    if args.repeats < 1:
+        raise InvalidInput("--repeats must be >= 1", code="invalid_repeats")
+    questions = (load_questions(args.questions) if args.questions
+                 else default_questions(services, args.index_questions, args.seed))
+    if args.labels:
+        labels = load_labels(args.labels)
+        for q in questions:
+            rel = labels.get(q["id"]) or labels.get(q["question"])
+            if rel:
+                q["relevant"] = sorted(rel)
+    pipeline = AnswerPipeline(services)
+    pipeline.warm()
+    gen = services.generator
+    profile = pipeline.profile()
+    result = run_sweep(pipeline, questions, k_max=args.k_max, budgets=budgets, repeats=args.repeats,
+                       seed=args.seed, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    meta = {"model": gen.identity.get("model_id"), "device": gen.identity.get("device_name")
+            or gen.identity.get("device"), "dtype": gen.identity.get("dtype"),
+            "threads": gen.identity.get("threads"), "profile_id": profile.id,
+            "profile_source": profile.source, "k_max": args.k_max, "repeats": args.repeats,
+            "budgets_ms": budgets, "questions": questions}
+    paths = write_outputs(args.out, result, meta)
+    payload = {"outputs": paths, "summary": result["summary"]}
+
+    def human(p: dict[str, Any]) -> str:
+        lines = [f"{'k':>3} {'measured ms':>12} {'pred p50':>9} {'pred p95':>9} {'recall@k':>9}"]
+        for r in p["summary"]["per_k"]:
+            rec = "-" if r["recall_at_k"] is None else f"{r['recall_at_k']:.2f}"
+            lines.append(f"{r['k']:>3} {r['measured_ttft_ms_median']:>12.0f} "
+                         f"{r['predicted_p50_ms_median']:>9.0f} "
+                         f"{r['predicted_p95_ms_median']:>9.0f} {rec:>9}")
+        for b in p["summary"]["per_budget"]:
+            lines.append(f"budget {b['budget_ms']:.0f} ms: chosen k (median) {b['chosen_k_median']}, "
+                         f"within budget {b['within_budget']}, budget used {b['budget_used_mean']}")
+        lines.append("wrote " + ", ".join(p["outputs"].values()))
+        return "\n".join(lines)
+
+    emit(args, payload, human)
+    return 0
