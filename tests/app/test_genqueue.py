@@ -9,10 +9,8 @@ from foundation.errors import Busy
 
 def test_full_queue_refuses_with_busy_and_retry_after():
     q = GenerationQueue(queue_max=0, retry_after_s=3)
-    with q.slot():
-        with pytest.raises(Busy) as exc:
-            with q.slot():
-                pass
+    with q.slot(), pytest.raises(Busy) as exc, q.slot():
+        pass
     assert exc.value.retry_after_s == 3
     assert exc.value.code == "busy"
 
@@ -72,9 +70,8 @@ def test_cancelled_waiter_leaves_and_frees_its_place():
     t1.start()
     while q.depth < 1:
         time.sleep(0.001)
-    with pytest.raises(Busy):  # the line is full while the waiter waits
-        with q.slot():
-            pass
+    with pytest.raises(Busy), q.slot():  # the line is full while the waiter waits
+        pass
     cancel.set()
     t1.join(5)
     assert result == ["cancelled"]
