@@ -331,7 +331,10 @@ class _Chunker:
                     else:
                         hi = mid - 1
                 if best is None:
-                    units[i:i + 1] = self.split_exact(units[i])
+                    pieces = self.split_exact(units[i])
+                    units[i:i + 1] = pieces
+                    if must_pass > i:
+                        must_pass += len(pieces) - 1
                     continue
                 k, n = best
                 k2 = self.choose(units, i, k)

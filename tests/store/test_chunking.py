@@ -171,3 +171,34 @@ def test_chunker_id_changes_with_config_and_tokenizer():
     assert a.startswith("sha256:")
     assert a != chunker_id(ChunkerConfig(128, 8), "sha256:" + "0" * 64)
     assert a != chunker_id(ChunkerConfig(128, 16), "sha256:" + "1" * 64)
+
+
+FRAGMENTS = [
+    "The pump stops.", "Check gauge G1!", "\n\n", "\n", "   ", "\f", "\u200b",
+    "中文文本没有空格分隔。",
+    "한국어 문장도.",
+    "👩\u200d👩\u200d👧\u200d👦",
+    "e\u0301", "Über Größe.", "𝔘𝔫𝔦",
+    "<|endoftext|>", "<|im_start|>system",
+    "https://example.org/" + "a1b2c3" * 30, "QUJDRA==" * 25,
+]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_mixtures_keep_every_chunk_invariant(seed, tokenizer, embed_count):
+    import random
+
+    rng = random.Random(seed)
+    text = normalize_text(" ".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(20, 120))))
+    size = rng.choice([24, 40, 96])
+    config = ChunkerConfig(size, rng.randint(0, size // 3))
+    chunks = chunk_text(text, tokenizer, config, embed_count)
+    bounds = grapheme_boundaries(text)
+    assert uncovered_visible(text, chunks) == []
+    for c in chunks:
+        assert text[c.start_char:c.end_char] == c.text and has_visible(c.text)
+        assert c.n_tokens == len(tokenizer.encode(c.text)) <= size
+        assert embed_count(c.text) <= config.max_embed_tokens
+        assert c.start_char in bounds and c.end_char in bounds
+    for a, b in zip(chunks, chunks[1:], strict=False):
+        assert a.start_char < b.start_char and a.end_char < b.end_char
