@@ -233,8 +233,10 @@ class AnswerPipeline:
         state: dict[str, Any] = {"status": "ok", "error": None, "text": [], "first_t": None,
                                  "last_t": None, "n": 0, "queue_ms": None, "stats": None}
         slot: Any = self.queue.slot(cancel)
+        before_stats: Any = None
         try:
             state["queue_ms"] = slot.__enter__()
+            before_stats = getattr(gen, "last_stats", None)  # the previous answer's, once we hold the model
         except Cancelled:
             state["status"] = "cancelled"
             slot = None
@@ -256,7 +258,6 @@ class AnswerPipeline:
                             yield AnswerEvent("token", text=ev.text)
                         if cancel.is_set():
                             break
-                state["stats"] = getattr(gen, "last_stats", None)
                 if cancel.is_set():
                     state["status"] = "cancelled"
         except GeneratorExit:
@@ -270,6 +271,10 @@ class AnswerPipeline:
         finally:
             if slot is not None:
                 slot.__exit__(None, None, None)
+                # This answer's stats on every path (ok, break, client gone, error), never a
+                # previous answer's (a backend that failed before starting leaves them as they were).
+                stats = getattr(gen, "last_stats", None)
+                state["stats"] = stats if stats is not before_stats else None
             summary = self._finish(prepared, params, state)
         if state["status"] == "failed":
             yield AnswerEvent("error", summary=summary)
