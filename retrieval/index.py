@@ -121,8 +121,10 @@ class VectorIndex:
         return int(self.index.ntotal)
 
     def memory_bytes(self) -> int:
-        """Bytes held by the vectors and ids (``4 * dim * n + 8 * n``, twice 8n for the id map)."""
-        return self.ntotal * (4 * self.dim + 8) + self.ids.nbytes + self._order.nbytes
+        """Bytes held: vectors ``4 * dim * n``, FAISS id map ``8n``, and the id, order and sorted-id
+        arrays kept here (``3 * 8n``)."""
+        return (self.ntotal * (4 * self.dim + 8) + self.ids.nbytes + self._order.nbytes
+                + self._sorted_ids.nbytes)
 
     def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         """Append ``(n,)`` int64 chunk ids with their ``(n, dim)`` float32 vectors.

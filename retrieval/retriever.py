@@ -17,6 +17,7 @@ ingested, so a search pinned to an older revision needs no other structure.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 import unicodedata
@@ -33,6 +34,8 @@ from retrieval.db import read_session, write_transaction
 from retrieval.embedding import Embedder, compute_missing, insert_embeddings
 from retrieval.index import INDEX_FORMAT, IndexMeta, Selection, VectorIndex, index_params
 from retrieval.models import Chunk, DocumentVersion, Embedding, Revision
+
+log = logging.getLogger("ragbudget.retrieval")
 
 _FETCH = (
     select(Chunk.id, Chunk.chunk_hash, Chunk.start_char, Chunk.end_char, Chunk.n_tokens, Chunk.text,
@@ -295,7 +298,11 @@ class Retriever:
                          dim=self.embedder.dim, revision=target, root_hash=self._resolve(target)[1],
                          n_vectors=self._index.ntotal, chunks_digest=digest, index_sha256="",
                          faiss_version=str(self.params["faiss"]))
-        self._meta = self._index.save(self.directory, meta)
+        try:
+            self._meta = self._index.save(self.directory, meta)
+        except OSError as exc:  # derived data: serve from memory, rebuild at the next start
+            log.warning("could not save the index to %s: %s", self.directory, exc)
+            self._meta = meta
 
     def _embed_missing(self, after: int, upto: int) -> int:
         """Embed chunk texts of versions live from ``(after, upto]`` that lack a vector."""

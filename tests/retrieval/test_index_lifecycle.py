@@ -137,3 +137,12 @@ def test_reindex_rebuilds_from_the_database(corpus: FixtureCorpus, retriever: Re
     stats = retriever.reindex()
     assert stats["action"] == "rebuilt" and stats["n_vectors"] == 5 and stats["embedded"] == 0
     assert _key(retriever.retrieve("beta steam", 3)) == before
+
+
+def test_unwritable_index_directory_still_serves_from_memory(
+        engine: Engine, corpus: FixtureCorpus, fake_embedder: HashingEmbedder, tmp_path: Path) -> None:
+    corpus.commit(DOCS)
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the index directory should be")
+    retriever = Retriever(engine, fake_embedder, blocker)
+    assert retriever.retrieve("gamma oil", 1).hits[0].document_id == "c"
