@@ -11,7 +11,7 @@ import logging
 
 from fastapi import FastAPI
 
-from app.api.errors import install_error_handlers
+from app.api.errors import ERROR_RESPONSES, install_error_handlers
 from app.api.limits import BodyLimitMiddleware
 from app.pipeline import AnswerPipeline
 from app.services import Services
@@ -48,7 +48,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             if exc.name == name:
                 continue
             raise
-        app.include_router(module.router)
+        app.include_router(module.router, responses=ERROR_RESPONSES)
     if not services.settings.auth_enabled:
         log.warning("authentication is DISABLED (RAGBUDGET_AUTH_ENABLED=false): every caller is admin")
     return app

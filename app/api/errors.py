@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from foundation.errors import (
     Busy,
@@ -44,8 +48,32 @@ def error_body(code: str, message: str, details: object | None = None) -> dict[s
     return {"error": {"code": code, "message": message, "details": details or {}}}
 
 
+class ErrorDetail(BaseModel):
+    code: str = Field(..., description="Stable machine-readable code, e.g. unauthenticated, invalid_k")
+    message: str
+    details: dict[str, Any]
+
+
+class ErrorEnvelope(BaseModel):
+    """Every 4xx/5xx body: ``{"error": {"code", "message", "details"}}``."""
+
+    error: ErrorDetail
+
+
+# Documented on every route (``include_router(..., responses=ERROR_RESPONSES)``), so the OpenAPI
+# schema describes the error bodies: 401/403 auth, 404, 409, 413 limits, 422 validation, 429 busy.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": {"model": ErrorEnvelope, "description": "Error with a machine-readable code"},
+}
+
+# Codes for errors raised by Starlette/FastAPI themselves (unparseable body, unknown path, ...).
+_HTTP_CODES = {400: "malformed_body", 404: "not_found", 405: "method_not_allowed",
+               413: "body_too_large", 415: "unsupported_media_type"}
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Map ``RagBudgetError`` and request validation errors to JSON 4xx responses."""
+    """Map ``RagBudgetError``, request validation errors and Starlette's own HTTP errors
+    (unparseable body, unknown path) to the JSON error envelope."""
 
     @app.exception_handler(RagBudgetError)
     async def _ragbudget_error(_req: Request, exc: RagBudgetError) -> JSONResponse:
@@ -63,3 +91,9 @@ def install_error_handlers(app: FastAPI) -> None:
                    "type": str(e.get("type", ""))} for e in exc.errors()]
         return JSONResponse(error_body("invalid_request", "request failed validation",
                                        {"errors": errors}), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
