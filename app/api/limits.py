@@ -37,6 +37,7 @@ class BodyLimitMiddleware:
                 return
         seen = 0
         rejected = False
+        started = replaced = False
 
         async def counting_receive() -> Any:
             nonlocal seen, rejected
@@ -48,10 +49,25 @@ class BodyLimitMiddleware:
                     raise _TooLarge()
             return message
 
+        async def guarded_send(message: Any) -> None:
+            # The framework may catch _TooLarge while parsing the body and answer 400 itself;
+            # once the body was refused, that response is replaced by the 413.
+            nonlocal started, replaced
+            if rejected and not started:
+                started = replaced = True
+                await self._reject(send)
+                return
+            if replaced:
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
         try:
-            await self.app(scope, counting_receive, send)
+            await self.app(scope, counting_receive, guarded_send)
         except _TooLarge:
-            await self._reject(send)
+            if not started:
+                await self._reject(send)
 
     async def _reject(self, send: Any) -> None:
         body = json.dumps(error_body("body_too_large",
