@@ -10,13 +10,22 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import require_role
 from app.api.streaming import iterate_in_thread
 from app.pipeline import AnswerEvent, AnswerPipeline, AnswerRequest
 
 router = APIRouter(tags=["answers"])
+
+MAX_REVISION = 2**31 - 1  # revisions are 32-bit integers in the database
+# ``stream: true`` answers are server-sent events; the schema describes one event (OpenAPI 3.1 usage).
+SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {"description": "JSON, or server-sent events with stream: true",
+          "content": {"text/event-stream": {"schema": {
+              "type": "object", "required": ["data"],
+              "properties": {"event": {"type": "string", "description": "token, final or error"},
+                             "data": {"type": "string", "description": "a JSON object, or [DONE]"}}}}}}}
 
 
 def get_pipeline(request: Request) -> AnswerPipeline:
@@ -27,10 +36,11 @@ def get_pipeline(request: Request) -> AnswerPipeline:
 class AnswerCreate(BaseModel):
     """An answer request. ``ttft_budget_ms`` defaults to the configured budget."""
 
+    model_config = ConfigDict(strict=True)  # JSON types as documented: no true -> 1, no "5" -> 5
     question: str = Field(..., min_length=1, max_length=100_000)
     ttft_budget_ms: float | None = Field(None, description="TTFT budget in ms (>0)")
     max_new_tokens: int | None = Field(None, ge=1)
-    revision: int | None = Field(None, ge=1)
+    revision: int | None = Field(None, ge=1, le=MAX_REVISION)
     k_max: int | None = Field(None, ge=0)
     stream: bool = False
     temperature: float = Field(0.0, ge=0.0, le=2.0)
@@ -47,9 +57,10 @@ class AnswerCreate(BaseModel):
 class AdviseCreate(BaseModel):
     """An advise request: retrieve and plan, no generation."""
 
+    model_config = ConfigDict(strict=True)  # JSON types as documented: no true -> 1, no "5" -> 5
     question: str = Field(..., min_length=1, max_length=100_000)
     ttft_budget_ms: float = Field(..., description="TTFT budget in ms (>0)")
-    revision: int | None = Field(None, ge=1)
+    revision: int | None = Field(None, ge=1, le=MAX_REVISION)
     k_max: int | None = Field(None, ge=0)
     max_new_tokens: int | None = Field(None, ge=1)
 
@@ -59,7 +70,7 @@ def sse(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False, default=str)}\n\n".encode()
 
 
-@router.post("/v1/answer", dependencies=[Depends(require_role("copilot"))])
+@router.post("/v1/answer", dependencies=[Depends(require_role("copilot"))], responses=SSE_RESPONSE)
 async def answer(body: AnswerCreate, request: Request,
                  pipeline: AnswerPipeline = Depends(get_pipeline)) -> Any:
     """Retrieve, plan for the TTFT budget, generate, write a receipt.
@@ -116,7 +127,8 @@ def advise(body: AdviseCreate, pipeline: AnswerPipeline = Depends(get_pipeline))
 @router.get("/v1/advise/curve", dependencies=[Depends(require_role("copilot"))])
 def advise_curve(question: str = Query(..., min_length=1, max_length=100_000),
                  ttft_budget_ms: float | None = Query(None),
-                 k_max: int | None = Query(None, ge=0), revision: int | None = Query(None, ge=1),
+                 k_max: int | None = Query(None, ge=0),
+                 revision: int | None = Query(None, ge=1, le=MAX_REVISION),
                  pipeline: AnswerPipeline = Depends(get_pipeline)) -> dict[str, Any]:
     """The per-k curve for a user interface: same rows as ``/v1/advise``, budget optional."""
     out = pipeline.advise(AnswerRequest(question=question, ttft_budget_ms=ttft_budget_ms,

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import require_role
-from app.api.routes_answer import get_pipeline
+from app.api.routes_answer import MAX_REVISION, SSE_RESPONSE, get_pipeline
 from app.api.streaming import iterate_in_thread
 from app.pipeline import AnswerEvent, AnswerPipeline, AnswerRequest
 from foundation.errors import InvalidInput
@@ -31,19 +31,20 @@ router = APIRouter(tags=["openai"])
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     role: str
     content: str | list[dict[str, Any]] | None = None
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON types as documented: no true -> 1, no "5" -> 5
     include_usage: bool = False
 
 
 class ChatCompletionCreate(BaseModel):
     """The subset of the OpenAI request ragbudget honours; unknown fields are ignored."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     model: str = "ragbudget"
     messages: list[ChatMessage] = Field(..., min_length=1)
     stream: bool = False
@@ -54,7 +55,7 @@ class ChatCompletionCreate(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     ttft_budget_ms: float | None = None
-    revision: int | None = Field(None, ge=1)
+    revision: int | None = Field(None, ge=1, le=MAX_REVISION)
 
 
 def last_user_text(messages: list[ChatMessage]) -> str:
@@ -91,7 +92,8 @@ def _finish_reason(summary: dict[str, Any], max_new: int) -> str:
     return "length" if int(summary.get("tokens", {}).get("output") or 0) >= max_new else "stop"
 
 
-@router.post("/v1/chat/completions", dependencies=[Depends(require_role("copilot"))])
+@router.post("/v1/chat/completions", dependencies=[Depends(require_role("copilot"))],
+             responses=SSE_RESPONSE)
 async def chat_completions(body: ChatCompletionCreate, request: Request,
                            x_ttft_budget_ms: float | None = Header(None),
                            pipeline: AnswerPipeline = Depends(get_pipeline)) -> Any:

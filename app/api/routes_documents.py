@@ -41,7 +41,7 @@ _INT32 = 2**31 - 1
 class DocumentCreate(BaseModel):
     """One document to ingest. ``kind: html`` extracts the visible text of ``text``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     id: str = Field(..., min_length=1, max_length=1024, description="Stable document id; may contain '/'")
     text: str = Field(..., description="UTF-8 text (or HTML with kind=html); normalised before hashing")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Stored with the version")
@@ -129,10 +129,20 @@ def _raise_for(result: Any) -> None:
 
 
 def _write(services: Services, items: list[Any], delete_ids: list[str]) -> DocumentWritePublic:
+    """Ingest ``items`` and delete ``delete_ids`` as one batch (at most one revision).
+
+    Raises:
+        TooLarge (``too_many_documents``, 413): more than ``max_batch_documents`` in the batch.
+        InvalidInput / NotFound: the document (or the deletion) was rejected; nothing is written.
+    """
     from retrieval.chunking import ChunkerConfig
     from retrieval.store import ingest_batch
 
     settings = services.settings
+    if len(items) + len(delete_ids) > settings.max_batch_documents:
+        raise TooLarge(f"{len(items) + len(delete_ids)} documents in one batch; the limit is "
+                       f"{settings.max_batch_documents}", code="too_many_documents",
+                       limit=settings.max_batch_documents)
     config = ChunkerConfig(settings.chunk_tokens, settings.chunk_overlap_tokens)
     report = ingest_batch(services.engine, items, tokenizer=services.tokenizer, chunker_config=config,
                           embedder=api_embedder(services), delete_ids=delete_ids,

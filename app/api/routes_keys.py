@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import get_services, require_role
 from app.auth import create_key, list_keys, revoke_key
@@ -15,6 +15,7 @@ router = APIRouter(tags=["keys"], dependencies=[Depends(require_role("admin"))])
 
 
 class KeyCreate(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON types as documented: no true -> 1, no "5" -> 5
     role: Literal["copilot", "operator", "admin"]
     name: str = Field("", max_length=128)
 

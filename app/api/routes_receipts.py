@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import get_services, require_role
 from app.services import Services
@@ -61,6 +61,7 @@ class ReceiptDetail(BaseModel):
 
 
 class ReplayRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # JSON types as documented: no true -> 1, no "5" -> 5
     regenerate: bool = Field(False, description="Also generate again and compare output tokens")
 
 

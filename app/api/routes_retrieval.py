@@ -10,9 +10,10 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import get_services, require_role
+from app.api.routes_answer import MAX_REVISION
 from app.auth import Principal
 from app.cli.retrieve_cmds import check_query
 from app.services import Services
@@ -23,9 +24,11 @@ router = APIRouter(tags=["retrieval"])
 class RetrieveCreate(BaseModel):
     """A retrieval request; ``revision`` defaults to the latest corpus revision."""
 
+    model_config = ConfigDict(strict=True)  # JSON types as documented: no true -> 1, no "5" -> 5
     query: str = Field(..., max_length=100_000)
     k: int = Field(8, description="hits to return, 1..max_k")
-    revision: int | None = Field(None, description="corpus revision to search (default: latest)")
+    revision: int | None = Field(None, ge=0, le=MAX_REVISION,
+                                 description="corpus revision to search (default: latest)")
 
 
 class HitPublic(BaseModel):
