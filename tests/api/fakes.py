@@ -1,0 +1,102 @@
+"""Fakes that let the whole API run without a real model: a code-point tokenizer and a generator.
+
+The embedder (:class:`tests.retrieval.fakes.HashingEmbedder`) and the latency
+timer (:class:`tests.latency_model.conftest.FakeTimer`) are reused from their
+own test packages; the retriever, store, planner, prompt builder and receipts
+are the real ones.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from app.generation.base import GenerationStats, GenParams, TokenEvent
+from foundation.hashing import sha256_json
+from tests.latency_model.conftest import IDENTITY
+from tests.latency_model.test_roofline import SMOLLM2
+
+
+class CharTokenizer:
+    """One token per Unicode code point (a lossless :class:`retrieval.tokens.TextTokenizer`)."""
+
+    tokenizer_id = sha256_json({"name": "char-tokenizer", "version": 1})
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        return [ord(c) for c in text], [(i, i + 1) for i in range(len(text))]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+class EchoGenerator:
+    """A :class:`app.generation.base.Generator` that streams a fixed reply, one character a token.
+
+    ``gate`` (optional): every ``stream`` sets ``started`` and then waits on ``gate``
+    before its first token, so a test can hold the model busy.
+    """
+
+    context_window = 8192  # as IDENTITY["context_window"], which keys the stored profile
+    eos_token_ids = [0]
+
+    def __init__(self, tokenizer: CharTokenizer, reply: str = "fake answer",
+                 gate: threading.Event | None = None) -> None:
+        self.identity: dict[str, Any] = dict(IDENTITY)
+        self.tokenizer = tokenizer
+        self.reply = reply
+        self.gate = gate
+        self.started = threading.Event()
+        self.last_stats: GenerationStats | None = None
+        self._cached: set[tuple[int, ...]] = set()
+
+    def stream(self, prompt_ids: list[int], *, cached_prefix_ids: list[int] | None = None,
+               params: GenParams, cancel: threading.Event | None = None,
+               messages: list[dict[str, str]] | None = None) -> Iterator[TokenEvent]:
+        start = time.perf_counter()
+        self.started.set()
+        if self.gate is not None:
+            self.gate.wait(30)
+        prefix = tuple(cached_prefix_ids or ())
+        cached = len(prefix) if prefix and prefix in self._cached else 0
+        if prefix:
+            self._cached.add(prefix)
+        ids: list[int] = []
+        first = last = None
+        finish = "stop"
+        for i, ch in enumerate(self.reply[: params.max_new_tokens]):
+            if cancel is not None and cancel.is_set():
+                finish = "cancelled"
+                break
+            t = time.perf_counter()
+            first = first if first is not None else t
+            last = t
+            ids.append(ord(ch))
+            yield TokenEvent(index=i, token_id=ord(ch), text=ch, t=t)
+        else:
+            finish = "length" if len(self.reply) > params.max_new_tokens else "stop"
+        self.last_stats = GenerationStats(
+            prompt_tokens=len(prompt_ids), cached_tokens=cached, computed_tokens=len(prompt_ids) - cached,
+            output_token_ids=ids, finish_reason=finish,  # type: ignore[arg-type]
+            prefill_ms=0.1, first_token_t=first, last_token_t=last, first_text_t=first, start_t=start,
+            params=params)
+
+    def prefix_cached(self, prefix_ids: list[int]) -> bool:
+        return tuple(prefix_ids) in self._cached
+
+    def warm_prefix(self, prefix_ids: list[int]) -> float:
+        self._cached.add(tuple(prefix_ids))
+        return 0.0
+
+    def prefill_ms(self, prompt_tokens: int, cached_tokens: int) -> float:
+        return 1.0 + 0.01 * (prompt_tokens - cached_tokens)
+
+    def decode_step_ms(self, context_tokens: int) -> float:
+        return 5.0
+
+    def config_dict(self) -> dict[str, Any]:
+        return dict(SMOLLM2)
