@@ -234,11 +234,13 @@ class AnswerPipeline:
                                  "last_t": None, "n": 0, "queue_ms": None, "stats": None}
         slot: Any = self.queue.slot(cancel)
         before_stats: Any = None
+        queued_t = time.perf_counter()
         try:
             state["queue_ms"] = slot.__enter__()
             before_stats = getattr(gen, "last_stats", None)  # the previous answer's, once we hold the model
         except Cancelled:
             state["status"] = "cancelled"
+            state["queue_ms"] = (time.perf_counter() - queued_t) * 1000.0  # waited, then left
             slot = None
         try:
             if slot is not None:
@@ -425,7 +427,7 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
         params = GenParams(max_new_tokens=int(p["max_new_tokens"]), temperature=float(p["temperature"]),
                            top_p=float(p["top_p"]), seed=p.get("seed"))
         text = "".join(ev.text for ev in gen.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids,
-                                                     params=params))
+                                                     params=params, messages=prompt.messages or None))
         ids = list(gen.last_stats.output_token_ids)
         ident = gen.identity
         env = {f"generator.{k}": ident.get(k) for k in ("backend", "model_id", "weights_hash", "dtype",
