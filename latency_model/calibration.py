@@ -29,9 +29,13 @@ from latency_model.profile import Profile
 from latency_model.roofline import build_prior, datasheet_peaks
 
 QUICK_MAX_PROMPT_TOKENS = 2048
-QUICK_LADDER = (8, 32, 96, 256, 512, 768, 1024, 1536, 2048)
-FULL_LADDER = (8, 32, 96, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384,
+# Prompt lengths, roughly geometric so the bends show; some deliberately not multiples of 8
+# (real prompts have arbitrary lengths and GEMM kernels can favour aligned sizes).
+QUICK_LADDER = (8, 29, 96, 251, 512, 765, 1024, 1531, 2048)
+FULL_LADDER = (8, 29, 96, 251, 512, 765, 1024, 1531, 2048, 3072, 4093, 6144, 8192, 12288, 16384,
                24576, 32768)
+SHORT_PROMPT_TOKENS = 256  # at or below: cheap, noisier in relative terms -> more repeats
+LONG_PROMPT_TOKENS = 2048  # above: expensive -> fewer repeats
 CONTENTION_WARNING = 0.05  # other processes' share of the CPU above which a profile says so
 IDENTITY_KEYS = ("device", "device_name", "model_id", "weights_hash", "dtype", "threads",
                  "context_window", "backend")
@@ -58,7 +62,12 @@ class PrefillTimer(Protocol):
 
 @dataclass(frozen=True)
 class CalibrationGrid:
-    """What to measure. Token counts in tokens; every fit point is measured ``repeats`` times."""
+    """What to measure. Token counts in tokens.
+
+    A fit point ``(n, c)`` is measured ``short_repeats`` times when
+    ``n <= SHORT_PROMPT_TOKENS``, ``long_repeats`` times when ``n > LONG_PROMPT_TOKENS``,
+    else ``repeats`` times (:meth:`repeats_for`).
+    """
 
     name: str
     prompt_tokens: tuple[int, ...]
@@ -70,6 +79,16 @@ class CalibrationGrid:
     decode_repeats: int
     max_prompt_tokens: int
     note: str
+    short_repeats: int = 5
+    long_repeats: int = 2
+
+    def repeats_for(self, prompt_tokens: int) -> int:
+        """How many times the fit points of this prompt length are measured."""
+        if prompt_tokens <= SHORT_PROMPT_TOKENS:
+            return self.short_repeats
+        if prompt_tokens > LONG_PROMPT_TOKENS:
+            return self.long_repeats
+        return self.repeats
 
     def fit_points(self) -> list[tuple[int, int]]:
         """``(prompt, cached)`` pairs measured for fitting: every length x every cached length < it."""
@@ -83,7 +102,7 @@ def _cached_list(scaffold_tokens: list[int], top: int) -> tuple[int, ...]:
 
 
 def quick_grid(context_window: int, scaffold_tokens: list[int]) -> CalibrationGrid:
-    """The ``--quick`` grid: prompts up to 2048 tokens (or the window less one), 3 repeats.
+    """The ``--quick`` grid: prompts up to 2048 tokens (or the window less one).
 
     2048 tokens is where the planner operates on a CPU with a sub-10 s budget; a
     profile from this grid says so in ``calibration.note`` and predictions past
@@ -98,7 +117,7 @@ def quick_grid(context_window: int, scaffold_tokens: list[int]) -> CalibrationGr
     ladder = tuple(sorted({n for n in QUICK_LADDER if n < top} | {top}))
     return CalibrationGrid(
         name="quick", prompt_tokens=ladder, cached_tokens=_cached_list(scaffold_tokens, top),
-        repeats=3, warmup=3, fresh_points=12,
+        repeats=3, warmup=3, fresh_points=16,
         decode_contexts=tuple(sorted({c for c in (16, 512, 1024) if c < top} | {top})),
         decode_repeats=4, max_prompt_tokens=top,
         note=f"quick grid: prompts {ladder[0]}..{top} tokens of a {context_window}-token window; "
@@ -117,7 +136,7 @@ def full_grid(context_window: int, scaffold_tokens: list[int]) -> CalibrationGri
     ladder = tuple(sorted({n for n in FULL_LADDER if n < top} | {top}))
     return CalibrationGrid(
         name="full", prompt_tokens=ladder, cached_tokens=_cached_list(scaffold_tokens, top),
-        repeats=3, warmup=3, fresh_points=16,
+        repeats=3, warmup=3, fresh_points=24,
         decode_contexts=tuple(sorted({c for c in (16, 512, 2048, 4096) if c < top} | {top})),
         decode_repeats=4, max_prompt_tokens=top,
         note=f"full grid: prompts {ladder[0]}..{top} tokens (the whole {context_window}-token window)")
@@ -142,7 +161,7 @@ def schedule(grid: CalibrationGrid, seed: int) -> list[tuple[str, int, int, str]
 
     Warm-ups first (``warmup`` calls per cached length, alternating the smallest
     and a middle length), then fit
-    points x repeats, fresh points and decode steps, all shuffled together with
+    points x their repeats, fresh points and decode steps, all shuffled together with
     ``random.Random(seed)``. Deterministic for a given grid and seed.
     """
     rng = random.Random(seed)
@@ -150,7 +169,7 @@ def schedule(grid: CalibrationGrid, seed: int) -> list[tuple[str, int, int, str]
     warm = [("prefill", max((grid.prompt_tokens[0], mid)[i % 2], c + 1), c, "warmup")
             for c in grid.cached_tokens for i in range(grid.warmup)]
     warm += [("decode", grid.decode_contexts[0], 0, "warmup")]
-    body = [("prefill", n, c, "fit") for n, c in grid.fit_points() for _ in range(grid.repeats)]
+    body = [("prefill", n, c, "fit") for n, c in grid.fit_points() for _ in range(grid.repeats_for(n))]
     body += [("prefill", n, c, "fresh") for n, c in _fresh_points(grid, rng)]
     body += [("decode", ctx, 0, "fit") for ctx in grid.decode_contexts for _ in range(grid.decode_repeats)]
     rng.shuffle(body)
@@ -258,7 +277,7 @@ def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_
         backend=str(identity.get("backend", "local")),
         context_window=identity.get("context_window"),
         prefill_model=chosen.predictor.name, prefill_coefficients=chosen.predictor.coefficients,
-        prefill_quantiles=chosen.quantiles,
+        prefill_quantiles=chosen.quantiles, prefill_abs_quantiles_ms=chosen.abs_quantiles_ms,
         decode_model=decode_fit.predictor.name, decode_coefficients=decode_fit.predictor.coefficients,
         decode_quantiles=decode_fit.quantiles,
         form_comparison={k: finite_or_none(v) for k, v in comparison.items()},

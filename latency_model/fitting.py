@@ -31,6 +31,9 @@ from latency_model.predictors import (
 
 # Quantile levels kept with every profile, by key.
 QUANTILES: dict[str, float] = {"p05": 0.05, "p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99}
+# Prompts computing at most this many tokens get an absolute (ms) band too: their jitter
+# (thread wake-ups, dispatch) is a few ms whatever the work, so large relative to it.
+SHORT_COMPUTED_TOKENS = 128
 # A non-default form must beat the default's held-out MAPE by more than this (absolute fraction).
 SELECTION_TOLERANCE = 0.002
 
@@ -78,6 +81,20 @@ def residual_quantiles(residuals: ArrayLike) -> dict[str, float]:
     return out
 
 
+def absolute_quantiles(measured_ms: ArrayLike, predicted_ms: ArrayLike, computed_tokens: ArrayLike,
+                       short_tokens: int = SHORT_COMPUTED_TOKENS) -> dict[str, float]:
+    """Quantiles (ms) of ``measured - predicted`` over short prompts (``computed <= short_tokens``).
+
+    Same keys and conformal rule as :func:`residual_quantiles`; ``{}`` when fewer
+    than three short samples exist.
+    """
+    y, p, m = _f64(measured_ms), _f64(predicted_ms), _f64(computed_tokens)
+    short = m <= short_tokens
+    if int(short.sum()) < 3:
+        return {}
+    return residual_quantiles(y[short] - p[short])
+
+
 def mape(measured_ms: ArrayLike, predicted_ms: ArrayLike) -> float:
     """Mean absolute percentage error as a fraction: ``mean(|predicted - measured| / measured)``."""
     y, p = _f64(measured_ms), _f64(predicted_ms)
@@ -121,6 +138,7 @@ class PrefillFit:
     quantiles: dict[str, float]
     in_sample_mape: float
     loo_length_mape: float
+    abs_quantiles_ms: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -155,6 +173,7 @@ def fit_prefill(prompt_tokens: ArrayLike, cached_tokens: ArrayLike, ttft_ms: Arr
     held_out = leave_one_group_out(_fp, n, n.size)
     return PrefillFit(predictor=predictor,
                       quantiles=residual_quantiles(relative_residuals(y, fitted)),
+                      abs_quantiles_ms=absolute_quantiles(y, fitted, n - c),
                       in_sample_mape=mape(y, fitted),
                       loo_length_mape=mape(y, np.maximum(held_out, 1e-9)))
 

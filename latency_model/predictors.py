@@ -17,13 +17,23 @@ name                ttft_ms                                     meaning of the t
 ``linear``          a + b*m                                     fixed cost + per-token linear layers
 ``quadratic``       a + b*m + g*m*(n + c)                       + attention (DESIGN.md, the default)
 ``quadratic_split`` a + b*m + g*m*(n + c) + h*m^2               + extra causal self-attention cost
+``two_path``        a + b*m + g*m*(n + c) + h*[c > 0]*m*n       + masked-attention cost of a cache hit
 ==================  ==========================================  =====================================
 
 Every form is a sum of non-negative coefficients times features that grow with
-``m`` for a fixed prompt and never shrink when cached tokens replace computed
-ones, so with a, b, g, h >= 0 predictions are monotone in ``m`` and a cache hit
-never predicts a slower prefill (``m*(n+c) = m*(2n - m)`` has derivative
-``2c >= 0`` in ``m`` at fixed ``n``).
+``m`` at a fixed cached length, so with non-negative coefficients predictions
+are monotone in ``m``. For the first three forms the features also never grow
+when cached tokens replace computed ones (``m*(n+c) = m*(2n - m)`` has
+derivative ``2c >= 0`` in ``m`` at fixed ``n``), so a cache hit never predicts
+a slower prefill (``cache_never_slower = True``).
+
+``two_path`` exists because the data said so (docs/latency_model.md): in
+transformers' SDPA attention a prefill without a cache runs the causal kernel
+(``is_causal``, the masked half of ``m x m`` skipped), but a prefill after a
+cached prefix has ``q_len != kv_len`` and gets an explicit ``m x n`` mask, so
+the whole rectangle is computed. On a CPU a cached 83-token scaffold then makes
+a 2048-token prefill ~20 % *slower*. ``h`` prices that path; with ``h > 0`` a
+cache hit can be predicted slower, as measured (``cache_never_slower = False``).
 
 Decode form: ``tpot_ms = d + e*context_tokens`` (``linear_decode``).
 """
@@ -90,6 +100,7 @@ class Predictor:
     name: ClassVar[str] = ""
     coefficient_names: ClassVar[tuple[str, ...]] = ()
     formula: ClassVar[str] = ""
+    cache_never_slower: ClassVar[bool] = True
 
     def __init__(self, coefficients: dict[str, float]) -> None:
         missing = set(self.coefficient_names) - set(coefficients)
@@ -174,6 +185,18 @@ class QuadraticSplitPrefill(PrefillPredictor):
         return np.column_stack([np.ones_like(m), m, m * (n + c), m * m])
 
 
+class TwoPathPrefill(PrefillPredictor):
+    name = "two_path"
+    coefficient_names = ("a", "b", "g", "h")
+    formula = "a + b*m + g*m*(n + c) + h*[c > 0]*m*n"
+    cache_never_slower = False
+
+    @classmethod
+    def _features(cls, n: NDArray[np.float64], c: NDArray[np.float64],
+                  m: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.column_stack([np.ones_like(m), m, m * (n + c), (c > 0) * m * n])
+
+
 class DecodePredictor(Predictor):
     """A decode (TPOT) cost model over the context length."""
 
@@ -208,7 +231,7 @@ class LinearDecode(DecodePredictor):
 
 
 PREFILL_MODELS: dict[str, type[PrefillPredictor]] = {
-    cls.name: cls for cls in (LinearPrefill, QuadraticPrefill, QuadraticSplitPrefill)
+    cls.name: cls for cls in (LinearPrefill, QuadraticPrefill, QuadraticSplitPrefill, TwoPathPrefill)
 }
 DECODE_MODELS: dict[str, type[DecodePredictor]] = {LinearDecode.name: LinearDecode}
 

@@ -51,6 +51,7 @@ class Profile:
     decode_model: str
     decode_coefficients: dict[str, float]
     decode_quantiles: dict[str, float]
+    prefill_abs_quantiles_ms: dict[str, float] = field(default_factory=dict)
     held_out: dict[str, Any] = field(default_factory=dict)
     form_comparison: dict[str, float] = field(default_factory=dict)
     calibration: dict[str, Any] = field(default_factory=dict)
@@ -155,12 +156,14 @@ class Profile:
                           cached_tokens: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Vectorised :meth:`predict_ttft_ms`: ``((N,) p50 ms, (N,) p95 ms)``."""
         point = self.prefill_predictor.predict_ms(prompt_tokens, cached_tokens)
-        return _band(point, self.prefill_quantiles)
+        return _band(point, self.prefill_quantiles, self.prefill_abs_quantiles_ms)
 
     def predict_ttft_ms(self, prompt_tokens: int, cached_tokens: int) -> tuple[float, float]:
         """Predicted prefill time (TTFT without queueing), ``(p50 ms, p95 ms)``.
 
-        ``p = point * (1 + q)`` with ``q`` the relative residual quantile.
+        ``p50 = point * (1 + q50)``; ``p95 = max(point * (1 + q95), point + A95, p50)``
+        with ``q`` the relative residual quantiles and ``A95`` the absolute (ms) one of
+        short prompts, when the profile has it. Both are non-decreasing in ``point``.
 
         Raises:
             InvalidInput: negative counts or ``cached_tokens > prompt_tokens``.
@@ -180,9 +183,12 @@ class Profile:
         return body
 
 
-def _band(point: NDArray[np.float64], quantiles: dict[str, float]) -> tuple[NDArray[np.float64],
-                                                                             NDArray[np.float64]]:
+def _band(point: NDArray[np.float64], quantiles: dict[str, float],
+          abs_quantiles_ms: dict[str, float] | None = None) -> tuple[NDArray[np.float64],
+                                                                    NDArray[np.float64]]:
     floor = 1e-6  # ms; keeps a band multiplier from driving a time to zero or below
     p50 = np.maximum(point * (1.0 + quantiles.get("p50", 0.0)), floor)
     p95 = np.maximum(point * (1.0 + quantiles.get("p95", 0.0)), p50)
+    if abs_quantiles_ms and "p95" in abs_quantiles_ms:
+        p95 = np.maximum(p95, point + abs_quantiles_ms["p95"])
     return p50, p95

@@ -37,6 +37,7 @@ class ProfilePublic(BaseModel):
     prefill_model: str
     prefill_coefficients: dict[str, float]
     prefill_quantiles: dict[str, float]
+    prefill_abs_quantiles_ms: dict[str, float]
     decode_model: str
     decode_coefficients: dict[str, float]
     decode_quantiles: dict[str, float]

@@ -69,11 +69,19 @@ def test_calibration_recovers_the_fake_devices_coefficients(fitted_profile: Prof
         assert fitted_profile.prefill_coefficients[name] == pytest.approx(value, rel=0.15)
 
 
-def test_held_out_scores_meet_the_targets_on_two_percent_noise(fitted_profile: Profile) -> None:
+def test_held_out_errors_meet_the_target_on_two_percent_noise(fitted_profile: Profile) -> None:
     held = fitted_profile.held_out
     assert held["loo_length_mape"] < 0.05
     assert held["fresh_mape"] < 0.05
-    assert held["fresh_p95_coverage"] >= 0.9
+
+
+def test_p95_band_covers_about_95_percent_of_fresh_points_across_runs() -> None:
+    # One run has only 16 fresh points (a 95 % band misses 2+ of them 19 % of the time),
+    # so judge the band over ten independent runs.
+    runs = [calibrate(FakeTimer(seed=s), grid=quick_grid(8192, [200]), seed=s, progress=False)
+            for s in range(10)]
+    mean_coverage = sum(p.held_out["fresh_p95_coverage"] for p in runs) / len(runs)
+    assert mean_coverage >= 0.9
 
 
 def test_profile_records_identity_grid_and_software(fitted_profile: Profile) -> None:

@@ -56,7 +56,7 @@ def test_selection_keeps_the_default_form_when_it_is_as_good() -> None:
     truth = QuadraticPrefill({"a": 12.0, "b": 0.9, "g": 2.5e-5})
     chosen, scores = select_prefill(N, C, truth.predict_ms(N, C))
     assert chosen.predictor.name == "quadratic"
-    assert set(scores) == {"linear", "quadratic", "quadratic_split"}
+    assert set(scores) == {"linear", "quadratic", "quadratic_split", "two_path"}
 
 
 def test_selection_switches_form_when_held_out_data_favour_it() -> None:

@@ -11,6 +11,7 @@ from latency_model.predictors import (
     LinearDecode,
     QuadraticPrefill,
     QuadraticSplitPrefill,
+    TwoPathPrefill,
     decode_model,
     prefill_model,
 )
@@ -61,7 +62,7 @@ def test_prediction_is_monotone_in_computed_tokens(name: str) -> None:
             assert np.all(np.diff(p) >= 0)
 
 
-@pytest.mark.parametrize("name", sorted(PREFILL_MODELS))
+@pytest.mark.parametrize("name", sorted(n for n, c in PREFILL_MODELS.items() if c.cache_never_slower))
 def test_cached_tokens_never_make_a_prediction_slower(name: str) -> None:
     cls = PREFILL_MODELS[name]
     pred = cls(dict(zip(cls.coefficient_names, [5.0, 0.7, 3e-5, 2e-5][: len(cls.coefficient_names)],
@@ -92,3 +93,24 @@ def test_unknown_model_names_are_invalid_input() -> None:
 def test_fit_rejects_non_positive_measurements() -> None:
     with pytest.raises(InvalidInput):
         QuadraticPrefill.fit([8, 16, 32], [0, 0, 0], [1.0, 0.0, 3.0])
+
+
+def test_only_two_path_may_predict_a_slower_cache_hit() -> None:
+    assert [n for n, c in PREFILL_MODELS.items() if not c.cache_never_slower] == ["two_path"]
+
+
+def test_two_path_prices_the_masked_attention_of_a_cache_hit() -> None:
+    # Coefficients of the same order as measured on the 2-core CPU: a long prompt after a short
+    # cached scaffold is slower than without it, a short one is faster.
+    pred = TwoPathPrefill({"a": 48.0, "b": 1.12, "g": 2.9e-4, "h": 1.5e-4})
+    long_uncached, long_cached = pred.predict_ms([2048, 2048], [0, 83])
+    short_uncached, short_cached = pred.predict_ms([200, 200], [0, 83])
+    assert long_cached > long_uncached
+    assert short_cached < short_uncached
+
+
+def test_two_path_recovers_its_coefficients_from_noiseless_data() -> None:
+    truth = TwoPathPrefill({"a": 48.0, "b": 1.12, "g": 2.9e-4, "h": 1.5e-4})
+    fitted = TwoPathPrefill.fit(GRID_N, GRID_C, truth.predict_ms(GRID_N, GRID_C))
+    for name, value in truth.coefficients.items():
+        assert fitted.coefficients[name] == pytest.approx(value, rel=1e-8)

@@ -69,3 +69,18 @@ def test_decode_prediction_grows_with_context(fitted_profile: Profile) -> None:
 def test_summary_leaves_out_the_raw_samples(fitted_profile: Profile) -> None:
     summary = fitted_profile.summary()
     assert "samples" not in summary and summary["samples_hash"] == fitted_profile.samples_hash
+
+
+def test_absolute_band_lifts_short_prompts_and_keeps_p95_monotone(fitted_profile: Profile) -> None:
+    import dataclasses
+
+    import numpy as np
+
+    body = {f.name: getattr(fitted_profile, f.name) for f in dataclasses.fields(fitted_profile)}
+    body["prefill_abs_quantiles_ms"] = {"p50": 0.0, "p95": 25.0}
+    widened = Profile.create(**body)
+    point = float(widened.prefill_predictor.predict_ms([10], [0])[0])
+    assert widened.predict_ttft_ms(10, 0)[1] >= point + 25.0
+    n = np.arange(1, 3000, dtype=float)
+    p95 = widened.predict_ttft_many(n, np.zeros_like(n))[1]
+    assert np.all(np.diff(p95) >= 0)
