@@ -24,6 +24,9 @@ from latency_model.predictors import DecodePredictor, PrefillPredictor, decode_m
 
 SCHEMA_VERSION = 1
 SOURCES = ("fitted", "prior")
+# Fields added after the first stored profiles: left out of the JSON (and so of the id) while
+# empty, so profiles written before them keep their ids and bytes.
+LATE_FIELDS = ("prefill_abs_quantiles_ms",)
 
 
 @dataclass(frozen=True)
@@ -78,13 +81,17 @@ class Profile:
         return cls.from_dict(body)
 
     def _body(self) -> dict[str, Any]:
-        body = asdict(self)
+        body = self.to_dict()
         body.pop("id")
         return body
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields as plain JSON types (including ``id``)."""
-        return asdict(self)
+        """All fields as plain JSON types (including ``id``; empty :data:`LATE_FIELDS` left out)."""
+        body = asdict(self)
+        for name in LATE_FIELDS:
+            if not body[name]:
+                body.pop(name)
+        return body
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys, no whitespace); ``from_json(p.to_json()) == p``."""

@@ -37,7 +37,7 @@ class ProfilePublic(BaseModel):
     prefill_model: str
     prefill_coefficients: dict[str, float]
     prefill_quantiles: dict[str, float]
-    prefill_abs_quantiles_ms: dict[str, float]
+    prefill_abs_quantiles_ms: dict[str, float] = Field(default_factory=dict)
     decode_model: str
     decode_coefficients: dict[str, float]
     decode_quantiles: dict[str, float]

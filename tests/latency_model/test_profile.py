@@ -84,3 +84,12 @@ def test_absolute_band_lifts_short_prompts_and_keeps_p95_monotone(fitted_profile
     n = np.arange(1, 3000, dtype=float)
     p95 = widened.predict_ttft_many(n, np.zeros_like(n))[1]
     assert np.all(np.diff(p95) >= 0)
+
+
+def test_profile_written_before_a_late_field_keeps_its_id_and_bytes() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "data" / "profile_v1_before_abs_band.json").read_text().strip()
+    profile = Profile.from_json(text)
+    assert profile.prefill_abs_quantiles_ms == {}
+    assert profile.to_json() == text
