@@ -36,6 +36,7 @@ FULL_LADDER = (8, 29, 96, 251, 512, 765, 1024, 1531, 2048, 3072, 4093, 6144, 819
                24576, 32768)
 SHORT_PROMPT_TOKENS = 256  # at or below: cheap, noisier in relative terms -> more repeats
 LONG_PROMPT_TOKENS = 2048  # above: expensive -> fewer repeats
+CONTENDED_SLACK_S = 0.05  # CPU-seconds of other processes tolerated during one timed call
 CONTENTION_WARNING = 0.05  # other processes' share of the CPU above which a profile says so
 IDENTITY_KEYS = ("device", "device_name", "model_id", "weights_hash", "dtype", "threads",
                  "context_window", "backend")
@@ -199,9 +200,26 @@ def _measure(value: float, what: str) -> float:
     return ms
 
 
+def contended(others_cpu_s: float | None, wall_s: float, cores: int) -> bool:
+    """True when other processes used more than 50 ms + 10 % of all cores during a timed call.
+
+    On a machine whose cores the timed threads fill, any such use delays a
+    thread that the others then wait for (2 torch threads on 2 cores: 5-20x
+    slower prefills were observed). The 50 ms slack absorbs ``/proc/stat``'s
+    10 ms ticks and idle daemons.
+    """
+    return others_cpu_s is not None and others_cpu_s > CONTENDED_SLACK_S + 0.1 * wall_s * cores
+
+
 def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, progress: bool = True,
-              prefill_model: str | None = None) -> Profile:
+              prefill_model: str | None = None, contention_retries: int = 2) -> Profile:
     """Measure ``timer`` over ``grid`` and fit a ``source="fitted"`` :class:`Profile`.
+
+    Each call is bracketed by :func:`latency_model.probe.cpu_snapshot`; a call
+    during which other processes used the CPU (:func:`contended`) is kept with
+    role ``contended:<role>`` (never fitted or scored) and measured again, up
+    to ``contention_retries`` times per call and a quarter of the schedule in
+    all; what is measured last is kept with its role either way.
 
     Args:
         timer: the generator (see :class:`PrefillTimer`).
@@ -210,17 +228,22 @@ def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, prog
         progress: show a tqdm bar on stderr.
         prefill_model: force a prefill form; default: chosen by leave-one-length-out MAPE
             (:func:`latency_model.fitting.select_prefill`).
+        contention_retries: re-measurements of a contended call (0: keep every first measurement).
 
     Raises:
         BackendError: the timer failed or returned a non-positive time.
         InvalidInput: the grid has fewer than three prompt lengths.
     """
+    import os
+
     from tqdm import tqdm
 
-    from latency_model.probe import cpu_snapshot, other_cpu_fraction
+    from latency_model.probe import cpu_snapshot, other_cpu_fraction, other_cpu_seconds
 
     identity = dict(timer.identity)
     plan = schedule(grid, seed)
+    cores = os.cpu_count() or 1
+    retry_budget = len(plan) // 4
     prefill_rows: list[list[Any]] = []
     decode_rows: list[list[Any]] = []
     started = now_iso()
@@ -230,12 +253,24 @@ def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, prog
     try:
         for kind, tokens, cached, role in plan:
             bar.set_postfix_str(f"{kind} {tokens}/{cached}", refresh=False)
-            if kind == "prefill":
-                ms = _measure(timer.prefill_ms(tokens, cached), f"prefill({tokens}, {cached})")
-                prefill_rows.append([tokens, cached, ms, role])
-            else:
-                ms = _measure(timer.decode_step_ms(tokens), f"decode_step({tokens})")
-                decode_rows.append([tokens, ms, role])
+            for attempt in range(contention_retries + 1):
+                before = cpu_snapshot()
+                if kind == "prefill":
+                    ms = _measure(timer.prefill_ms(tokens, cached), f"prefill({tokens}, {cached})")
+                else:
+                    ms = _measure(timer.decode_step_ms(tokens), f"decode_step({tokens})")
+                after = cpu_snapshot()
+                busy = (role != "warmup" and attempt < contention_retries and retry_budget > 0
+                        and before is not None and after is not None
+                        and contended(other_cpu_seconds(before, after), after[2] - before[2], cores))
+                tag = f"contended:{role}" if busy else role
+                if kind == "prefill":
+                    prefill_rows.append([tokens, cached, ms, tag])
+                else:
+                    decode_rows.append([tokens, ms, tag])
+                if not busy:
+                    break
+                retry_budget -= 1
             bar.update(1)
     finally:
         bar.close()
@@ -250,9 +285,10 @@ def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_
     """Fit a profile from raw rows ``[prompt, cached, ms, role]`` and ``[context, ms, role]``.
 
     Fit rows (role ``fit``) train the models; ``fresh`` rows score them (MAPE of
-    the p50, share of measurements at or below the p95); ``warmup`` rows are kept
-    but unused. ``other_cpu_fraction`` (share of the CPU other processes used during
-    the run) is recorded, with a note when it is high enough to inflate timings.
+    the p50, share of measurements at or below the p95); ``warmup`` and
+    ``contended:*`` rows are kept but unused. ``other_cpu_fraction`` (share of the
+    CPU other processes used during the run) is recorded, with a note when it is
+    high enough to inflate timings.
 
     Raises:
         InvalidInput: too few fit rows or lengths.
@@ -284,6 +320,8 @@ def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_
         calibration={**asdict(grid), "seed": seed, "started_at": started_at,
                      "prefill_fit_samples": int(fit.shape[0]), "fresh_samples": int(fresh.shape[0]),
                      "decode_samples": int(dec.shape[0]),
+                     "contended_samples": sum(1 for r in prefill_rows + decode_rows
+                                              if str(r[-1]).startswith("contended:")),
                      "other_cpu_fraction": finite_or_none(other_cpu_fraction)},
         samples={"prefill": [[int(n), int(c), float(ms), str(role)] for n, c, ms, role in prefill_rows],
                  "decode": [[int(x), float(ms), str(role)] for x, ms, role in decode_rows]},

@@ -76,6 +76,14 @@ def cpu_snapshot() -> tuple[float, float, float] | None:
             time.perf_counter())
 
 
+def other_cpu_seconds(start: tuple[float, float, float] | None,
+                      end: tuple[float, float, float] | None) -> float | None:
+    """CPU-seconds other processes used between two :func:`cpu_snapshot` calls (``None`` if unknown)."""
+    if start is None or end is None:
+        return None
+    return (end[0] - start[0]) - (end[1] - start[1])
+
+
 def other_cpu_fraction(start: tuple[float, float, float] | None,
                        end: tuple[float, float, float] | None) -> float | None:
     """Share of all cores that *other* processes kept busy between two :func:`cpu_snapshot` calls.

@@ -131,3 +131,38 @@ def test_profile_notes_heavy_contention() -> None:
                           other_cpu_fraction=0.4)
     assert profile.calibration["other_cpu_fraction"] == 0.4
     assert any("40%" in n for n in profile.notes)
+
+
+def test_contended_call_is_kept_apart_and_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import latency_model.probe as probe
+
+    # Other processes burn 1 CPU-second during every 7th timed call.
+    state = {"calls": 0, "busy": 0.0, "t": 0.0}
+
+    def fake_snapshot() -> tuple[float, float, float]:
+        state["calls"] += 1
+        if state["calls"] % 14 == 7:  # an "after" snapshot (odd call numbers)
+            state["busy"] += 1.0
+        state["t"] += 0.1
+        return (state["busy"], 0.0, state["t"])
+
+    monkeypatch.setattr(probe, "cpu_snapshot", fake_snapshot)
+    profile = calibrate(FakeTimer(), grid=quick_grid(1024, []), seed=0, progress=False)
+    roles = [r[3] for r in profile.samples["prefill"]]
+    n_fit = sum(1 for x in quick_grid(1024, []).fit_points()
+                for _ in range(quick_grid(1024, []).repeats_for(x[0])))
+    assert any(r.startswith("contended:") for r in roles)
+    assert roles.count("fit") == n_fit
+    decode_roles = [r[2] for r in profile.samples["decode"]]
+    assert profile.calibration["contended_samples"] == sum(
+        r.startswith("contended:") for r in roles + decode_roles)
+
+
+def test_contended_threshold_scales_with_call_length() -> None:
+    from latency_model.calibration import contended
+
+    assert not contended(0.04, 0.05, 2)
+    assert contended(0.2, 0.05, 2)
+    assert not contended(0.2, 3.0, 2)
+    assert contended(1.0, 3.0, 2)
+    assert not contended(None, 1.0, 2)
