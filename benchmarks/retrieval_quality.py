@@ -131,11 +131,19 @@ def open_variant(data_dir: Path, chunk_tokens: int = 128, overlap: int = 16) -> 
 def ingest_corpus(services: Any, corpus_dir: Path, note: str) -> dict[str, Any]:
     """Ingest every page of ``corpus_dir`` with embeddings as one batch; return the report + seconds."""
     from app.cli.corpus_cmds import collect
+
+    items, rejected = collect([corpus_dir], services.settings.max_document_bytes)
+    out = ingest_items(services, items, note)
+    out["rejected"] += len(rejected)
+    return out
+
+
+def ingest_items(services: Any, items: list[Any], note: str) -> dict[str, Any]:
+    """Ingest ``items`` (``retrieval.store.IngestItem``) with embeddings as one batch, timed."""
     from retrieval.chunking import ChunkerConfig
     from retrieval.store import ingest_batch
 
     s = services.settings
-    items, rejected = collect([corpus_dir], s.max_document_bytes)
     embedder, tokenizer, engine = services.embedder, services.tokenizer, services.engine  # loaded first
     t0 = time.perf_counter()
     report = ingest_batch(engine, items, tokenizer=tokenizer,
@@ -143,7 +151,7 @@ def ingest_corpus(services: Any, corpus_dir: Path, note: str) -> dict[str, Any]:
                           embedder=embedder, note=note, progress=True,
                           max_document_bytes=s.max_document_bytes)
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "pages": len(items), "rejected": len(rejected) + report.counts["rejected"],
+    return {"seconds": seconds, "pages": len(items), "rejected": report.counts["rejected"],
             "revision": report.revision, "chunks_added": report.chunks_added,
             "embeddings_added": report.embeddings_added, "timings_ms": report.timings_ms}
 

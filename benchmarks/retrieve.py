@@ -1,15 +1,16 @@
 """Retrieval speed: ingest-with-embeddings throughput, and retrieve latency split into its parts.
 
-1. Real corpus (PostgreSQL 15.18 docs, then 15.20 as a second revision), into
+1. Real corpus (PostgreSQL 15.18 docs, then 15.20 as one more revision), into
    a fresh SQLite database under ``<--data-dir>/retrieve-real/``:
-   * ingest with embeddings (``retrieval.store.ingest_batch``): embedded chunks/s,
-     against the embedder's own throughput (``embed_documents`` in the same
-     groups of 256 that ingest uses) on exactly the chunk texts that ingest
-     embedded, measured right after it in the same process;
+   * ingest with embeddings (``retrieval.store.ingest_batch``) of 15.18 in
+     ``--ingest-batches`` revisions: embedded chunks/s, against the embedder's
+     own throughput (``embed_documents`` in the same groups of 256 that ingest
+     uses) on exactly the chunk texts each batch embedded, measured right after
+     that batch in the same process (interleaved, so both see the same load);
    * the 15.20 update as revision 2 (unchanged chunk texts are not embedded again);
    * index build and load times; latency p50/p99 of query embedding, FAISS
      search, database fetch and the whole ``retrieve`` (k=8), live and pinned
-     to revision 1, over index terms of ``bookindex.html`` as queries.
+     to the last 15.18 revision, over index terms of ``bookindex.html`` as queries.
 2. Synthetic corpus: ``--n-synthetic`` chunks (default 100 000) with random unit
    vectors (stored under the real embedder's id, so real query embeddings run
    against them), plus a second revision replacing 10% of the documents:
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from retrieval_quality import (  # noqa: E402
     CORPORA,
     ingest_corpus,
+    ingest_items,
     open_variant,
     parse_bookindex,
 )
@@ -80,8 +82,51 @@ def run_queries(fn: Any, queries: list[Any], warmup: int = 10) -> list[dict[str,
 
 # --- real corpus -------------------------------------------------------------------------------
 
-def bench_real(data_dir: Path, n_queries: int, embed_sample: float) -> dict[str, Any]:
+def ingest_vs_embedder(services: Any, corpus: Path, batches: int) -> dict[str, Any]:
+    """Ingest ``corpus`` in ``batches`` revisions; after each, embed the texts it embedded again.
+
+    Interleaving puts both measurements under the same background load (this
+    machine is shared); the texts are the batch's new chunk hashes in
+    ascending order, in groups of 256, exactly as ``compute_missing`` embeds them.
+    """
     from sqlalchemy import text
+
+    from app.cli.corpus_cmds import collect
+
+    items, _ = collect([corpus], services.settings.max_document_bytes)
+    emb, engine = services.embedder, services.engine
+    sql = text("SELECT chunk_hash FROM embeddings WHERE embedder_id = :e")
+    size = -(-len(items) // batches)
+    tot = {"pages": 0, "chunks_added": 0, "embeddings_added": 0, "ingest_s": 0.0, "embedder_s": 0.0,
+           "embedder_texts": 0, "prepare_ms": 0.0, "embed_ms": 0.0, "commit_ms": 0.0, "revision": 0}
+    for b in range(0, len(items), size):
+        with engine.connect() as conn:
+            before = {r[0] for r in conn.execute(sql, {"e": emb.embedder_id})}
+        ing = ingest_items(services, items[b:b + size], f"postgres-docs 15.18 part {b // size + 1}")
+        with engine.connect() as conn:
+            new = sorted({r[0] for r in conn.execute(sql, {"e": emb.embedder_id})} - before)
+            texts = dict(conn.execute(text("SELECT chunk_hash, min(text) FROM chunks "
+                                           "GROUP BY chunk_hash")).all())
+        batch = [texts[h] for h in new]
+        t0 = time.perf_counter()
+        for i in range(0, len(batch), 256):
+            emb.embed_documents(batch[i:i + 256])
+        tot["embedder_s"] += time.perf_counter() - t0
+        tot["embedder_texts"] += len(batch)
+        tot["ingest_s"] += ing["seconds"]
+        tot["revision"] = ing["revision"] or tot["revision"]
+        for key in ("pages", "chunks_added", "embeddings_added"):
+            tot[key] += ing[key]
+        for key in ("prepare_ms", "embed_ms", "commit_ms"):
+            tot[key] += ing["timings_ms"][key]
+    tot["embedded_chunks_per_s"] = tot["embeddings_added"] / tot["ingest_s"]
+    tot["embedder_chunks_per_s"] = tot["embedder_texts"] / tot["embedder_s"]
+    tot["ratio"] = tot["embedded_chunks_per_s"] / tot["embedder_chunks_per_s"]
+    tot["embed_share_of_ingest"] = tot["embed_ms"] / 1000 / tot["ingest_s"]
+    return tot
+
+
+def bench_real(data_dir: Path, n_queries: int, batches: int) -> dict[str, Any]:
 
     from retrieval.corpus import fetch_postgres_docs
     from retrieval.retriever import Retriever
@@ -93,30 +138,14 @@ def bench_real(data_dir: Path, n_queries: int, embed_sample: float) -> dict[str,
     services = open_variant(work)
     out: dict[str, Any] = {}
     try:
-        print("ingesting 15.18 with embeddings ...", file=sys.stderr, flush=True)
-        ing = ingest_corpus(services, old, "postgres-docs 15.18")
-        with services.engine.connect() as conn:
-            rows = conn.execute(text("SELECT c.chunk_hash, min(c.text) FROM chunks c "
-                                     "GROUP BY c.chunk_hash ORDER BY c.chunk_hash")).all()
-        texts = [t for _, t in rows]
-        if embed_sample < 1.0:
-            step = max(1, round(1 / embed_sample))
-            texts = texts[::step]
+        out["ingest"] = ingest_vs_embedder(services, old, batches)
+        i = out["ingest"]
+        print(f"  ingest 15.18 in {batches} batches: {i['pages']} pages, {i['chunks_added']} chunks, "
+              f"{i['embeddings_added']} embedded in {i['ingest_s']:.1f} s -> "
+              f"{i['embedded_chunks_per_s']:.1f} chunks/s; embedder alone on the same texts "
+              f"{i['embedder_chunks_per_s']:.1f} chunks/s ({i['embedder_s']:.1f} s); "
+              f"ratio {i['ratio']:.3f}", flush=True)
         emb = services.embedder
-        t0 = time.perf_counter()
-        for i in range(0, len(texts), 256):
-            emb.embed_documents(texts[i:i + 256])
-        embed_s = time.perf_counter() - t0
-        ingest_rate = ing["embeddings_added"] / ing["seconds"]
-        embed_rate = len(texts) / embed_s
-        out["ingest"] = {**ing, "chunks_per_s": ing["chunks_added"] / ing["seconds"],
-                         "embedded_chunks_per_s": ingest_rate, "embedder_only_texts": len(texts),
-                         "embedder_only_s": embed_s, "embedder_chunks_per_s": embed_rate,
-                         "ratio": ingest_rate / embed_rate}
-        print(f"  ingest 15.18: {ing['pages']} pages, {ing['chunks_added']} chunks, "
-              f"{ing['embeddings_added']} embedded in {ing['seconds']:.1f} s -> {ingest_rate:.1f} chunks/s; "
-              f"embedder alone {embed_rate:.1f} chunks/s on {len(texts)} of the same texts; "
-              f"ratio {ingest_rate / embed_rate:.3f}", flush=True)
         print("ingesting 15.20 as revision 2 ...", file=sys.stderr, flush=True)
         upd = ingest_corpus(services, new, "postgres-docs 15.20")
         out["update"] = upd
@@ -137,7 +166,9 @@ def bench_real(data_dir: Path, n_queries: int, embed_sample: float) -> dict[str,
         evalset = parse_bookindex((new / "bookindex.html").read_text(encoding="utf-8"))
         rng = np.random.default_rng(0)
         queries = [evalset[i][0] for i in rng.choice(len(evalset), n_queries, replace=False)]
-        for label, rev in (("live (revision 2), k=8", None), ("pinned (revision 1), k=8", 1)):
+        old_rev = out["ingest"]["revision"]
+        for label, rev in ((f"live (15.20, revision {upd['revision']}), k=8", None),
+                           (f"pinned (15.18, revision {old_rev}), k=8", old_rev)):
             s = summarize(run_queries(lambda q, rev=rev: retriever.retrieve(q, 8, rev), queries))
             out[label] = s
             show(label, s)
@@ -268,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", type=Path, default=REPO / "data" / "bench")
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--n-synthetic", type=int, default=100_000)
-    ap.add_argument("--embed-sample", type=float, default=1.0,
-                    help="share of the ingested chunk texts re-embedded for the embedder-only rate")
+    ap.add_argument("--ingest-batches", type=int, default=8,
+                    help="15.18 is ingested in this many revisions, each followed by the embedder alone")
     ap.add_argument("--skip-real", action="store_true")
     ap.add_argument("--skip-synthetic", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
@@ -285,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"parts: {', '.join(PARTS)} as p50/p99 ms", flush=True)
     if not args.skip_real:
         print("real corpus (PostgreSQL 15.18 -> 15.20 docs)", flush=True)
-        results["real"] = bench_real(args.data_dir, args.queries, args.embed_sample)
+        results["real"] = bench_real(args.data_dir, args.queries, args.ingest_batches)
     if not args.skip_synthetic:
         print(f"synthetic corpus ({args.n_synthetic} chunks, random unit vectors)", flush=True)
         results["synthetic"] = bench_synthetic(args.data_dir, args.n_synthetic, args.queries)

@@ -99,8 +99,51 @@ class IndexMeta:
     faiss_version: str
 
 
+class _Prefilter:
+    """8-bit scalar-quantised copy of the vectors with a bound on its score error.
+
+    For every stored vector x with reconstruction x', ``|q.x - q.x'| <= |q| * |x - x'|``
+    (Cauchy-Schwarz); ``err_max`` is the largest ``|x - x'|`` (float64). Float32
+    rounding of both dot products over 384 terms is below ``d * 2**-24 * |q| ~ 2.3e-5 |q|``
+    (Higham, *Accuracy and Stability of Numerical Algorithms*, 3.1), covered by
+    :data:`ROUNDING_SLACK`.
+    """
+
+    ROUNDING_SLACK = 1e-4
+
+    def __init__(self, vectors: np.ndarray) -> None:
+        d = vectors.shape[1]
+        self.index = faiss.IndexScalarQuantizer(d, faiss.ScalarQuantizer.QT_8bit,
+                                                faiss.METRIC_INNER_PRODUCT)
+        self.index.train(vectors)
+        self.err_max = 0.0
+        self.add(vectors)
+
+    def add(self, vectors: np.ndarray) -> None:
+        for i in range(0, len(vectors), 65_536):
+            part = vectors[i:i + 65_536]
+            recon = self.index.sa_decode(self.index.sa_encode(part))
+            err = np.linalg.norm(part.astype(np.float64) - recon.astype(np.float64), axis=1)
+            self.err_max = max(self.err_max, float(err.max()))
+        self.index.add(vectors)
+
+    def bound(self, query: np.ndarray) -> float:
+        """Largest possible ``|approximate - exact|`` score for this query."""
+        qn = float(np.linalg.norm(query.astype(np.float64)))
+        return qn * (self.err_max + self.ROUNDING_SLACK)
+
+
 class VectorIndex:
-    """Exact inner-product index over chunk ids (positions map to ids via :attr:`ids`)."""
+    """Exact inner-product index over chunk ids (positions map to ids via :attr:`ids`).
+
+    Above :attr:`PREFILTER_MIN` selected chunks a search first takes candidates
+    from an 8-bit copy (a quarter of the memory traffic), enough of them that
+    the error bound proves every chunk outside them scores below the k-th
+    best, then scores the candidates with the same exact float32 search as
+    below the threshold. Results are identical either way (tested).
+    """
+
+    PREFILTER_MIN = 20_000
 
     def __init__(self, dim: int, index: Any | None = None) -> None:
         self.dim = dim
@@ -110,6 +153,7 @@ class VectorIndex:
         self.index = index
         ids = faiss.vector_to_array(self.index.id_map) if self.index.ntotal else np.zeros(0)
         self.ids = np.asarray(ids, dtype=np.int64)
+        self._prefilter: _Prefilter | None = None
         self._reindex_positions()
 
     def _reindex_positions(self) -> None:
@@ -121,10 +165,11 @@ class VectorIndex:
         return int(self.index.ntotal)
 
     def memory_bytes(self) -> int:
-        """Bytes held: vectors ``4 * dim * n``, FAISS id map ``8n``, and the id, order and sorted-id
-        arrays kept here (``3 * 8n``)."""
+        """Bytes held: vectors ``4 * dim * n``, FAISS id map ``8n``, the id, order and sorted-id
+        arrays kept here (``3 * 8n``) and the 8-bit prefilter codes (``dim * n``) once built."""
+        pre = self.ntotal * self.dim if self._prefilter is not None else 0
         return (self.ntotal * (4 * self.dim + 8) + self.ids.nbytes + self._order.nbytes
-                + self._sorted_ids.nbytes)
+                + self._sorted_ids.nbytes + pre)
 
     def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         """Append ``(n,)`` int64 chunk ids with their ``(n, dim)`` float32 vectors.
@@ -143,6 +188,19 @@ class VectorIndex:
         self.index.add_with_ids(vectors, ids)
         self.ids = np.concatenate([self.ids, ids])
         self._reindex_positions()
+        if self._prefilter is not None:
+            self._prefilter.add(vectors)
+
+    def warm(self) -> None:
+        """Build the 8-bit candidate copy now if searches will use it (instead of on first use)."""
+        if self.ntotal >= self.PREFILTER_MIN:
+            self._get_prefilter()
+
+    def _get_prefilter(self) -> _Prefilter:
+        """The 8-bit candidate index, trained on the vectors present when first needed."""
+        if self._prefilter is None:
+            self._prefilter = _Prefilter(self.index.index.reconstruct_n(0, self.ntotal))
+        return self._prefilter
 
     def contains(self, ids: np.ndarray) -> np.ndarray:
         """Boolean mask: which of ``ids`` are in the index."""
@@ -182,29 +240,45 @@ class VectorIndex:
             n_selected)``, ordered by descending score then ascending chunk id.
             Never a -1 id or a sentinel score.
         """
-        n = selection.n_selected
-        k = min(int(k), n)
+        k = min(int(k), selection.n_selected)
         if k <= 0:
             return np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64)
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(1, self.dim)
-        sel = selection.selector()
-        params = faiss.SearchParameters(sel=sel)  # type: ignore[call-arg]
-        kk = min(n, k + margin)
         with omp_threads(threads):
-            while True:
-                dist, pos = self.index.index.search(q, kk, params=params)
-                d, p = dist[0], pos[0]
-                if (p < 0).any():
-                    from foundation.errors import IntegrityFailure
-
-                    raise IntegrityFailure("index returned fewer hits than selected chunks")
-                # FAISS returns scores descending; the k-th value is order-independent.
-                if kk >= n or d[kk - 1] < d[k - 1]:
-                    break
-                kk = min(n, kk * 2)
+            if selection.n_selected >= self.PREFILTER_MIN:
+                selection = self._candidates(q, k, selection) or selection
+            d, p = _exact_top(self.index.index, q, k, selection, margin)
         ids = self.ids[p]
         order = np.lexsort((ids, -d))[:k]
         return d[order].astype(np.float32), ids[order]
+
+    def _candidates(self, q: np.ndarray, k: int, selection: Selection) -> Selection | None:
+        """Selected chunks that may be in the exact top-k (ties included); None: all of them.
+
+        Takes the top m by approximate score a, doubling m until
+        ``a_(k) - a_(m) > 2 * bound``: then at least k candidates score at least
+        ``a_(k) - bound`` exactly, while every other chunk scores at most
+        ``a_(m) + bound``, strictly less.
+        """
+        pre = self._get_prefilter()
+        bound = pre.bound(q)
+        n = selection.n_selected
+        sel = selection.selector()  # keep referenced while FAISS holds its pointer
+        params = faiss.SearchParameters(sel=sel)  # type: ignore[call-arg]
+        m = max(64, 4 * k)
+        while m < n:
+            dist, pos = pre.index.search(q, m, params=params)
+            d, p = dist[0], pos[0]
+            if (p < 0).any():
+                from foundation.errors import IntegrityFailure
+
+                raise IntegrityFailure("prefilter returned fewer hits than selected chunks")
+            if d[k - 1] - d[m - 1] > 2 * bound:
+                bits = np.zeros(self.ntotal, dtype=np.uint8)
+                bits[p] = 1
+                return Selection(np.packbits(bits, bitorder="little"), m)
+            m *= 2
+        return None
 
     # --- persistence ------------------------------------------------------------------------
 
@@ -245,6 +319,27 @@ class VectorIndex:
         if not isinstance(index, faiss.IndexIDMap) or index.ntotal != meta.n_vectors or index.d != dim:
             raise IntegrityFailure("index contents do not match its meta")
         return cls(dim, index), meta
+
+
+def _exact_top(flat: Any, q: np.ndarray, k: int, selection: Selection,
+               margin: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact float32 scores and positions of the top k selected vectors, every tie at the k-th
+    score included (FAISS orders ties arbitrarily, so ask for more until the last is lower)."""
+    n = selection.n_selected
+    sel = selection.selector()  # keep referenced while FAISS holds its pointer
+    params = faiss.SearchParameters(sel=sel)  # type: ignore[call-arg]
+    kk = min(n, k + margin)
+    while True:
+        dist, pos = flat.search(q, kk, params=params)
+        d, p = dist[0], pos[0]
+        if (p < 0).any():
+            from foundation.errors import IntegrityFailure
+
+            raise IntegrityFailure("index returned fewer hits than selected chunks")
+        # FAISS returns scores descending; the k-th value is order-independent.
+        if kk >= n or d[kk - 1] < d[k - 1]:
+            return d, p
+        kk = min(n, kk * 2)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -235,6 +235,12 @@ class Retriever:
     # --- index maintenance (caller holds the lock) ---------------------------------------------
 
     def _ensure(self, target: int) -> dict[str, Any]:
+        stats = self._ensure_revision(target)
+        assert self._index is not None
+        self._index.warm()
+        return stats
+
+    def _ensure_revision(self, target: int) -> dict[str, Any]:
         if self._index is None:
             reason = self._try_load(target)
             if reason is not None:
@@ -276,6 +282,7 @@ class Retriever:
         self._index = index
         self._live.clear()
         self._save(target)
+        index.warm()
         return self._stats("rebuilt", reason=reason, embedded=embedded, added=len(ids),
                            seconds=time.perf_counter() - t0)
 

@@ -126,3 +126,42 @@ def test_index_of_another_embedder_is_not_loaded(tmp_path: Path) -> None:
     _index(_unit(np.random.default_rng(7), 5), np.arange(5, dtype=np.int64)).save(tmp_path, _meta())
     with pytest.raises(IntegrityFailure):
         VectorIndex.load(tmp_path, "sha256:other", DIM)
+
+
+def _clustered(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Unit vectors in tight clusters, with exact duplicates: many near and exact ties."""
+    centres = _unit(rng, 12)
+    x = centres[rng.integers(0, 12, n)] + 0.02 * rng.standard_normal((n, DIM)).astype(np.float32)
+    x[::7] = x[3]  # exact duplicates
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_prefiltered_search_returns_exactly_the_plain_exact_result() -> None:
+    rng = np.random.default_rng(8)
+    x = _clustered(rng, 3000)
+    ids = rng.permutation(np.arange(10_000, 13_000, dtype=np.int64))
+    plain, pre = _index(x[:2500], ids[:2500]), _index(x[:2500], ids[:2500])
+    pre.PREFILTER_MIN = 0
+    pre.search(x[0], 1, pre.select(ids[:2500]))  # trains the 8-bit copy on the first 2500
+    late = x[2500:] * np.where(np.arange(DIM) % 5 == 0, 3.0, 1.0).astype(np.float32)  # out of range
+    late /= np.linalg.norm(late, axis=1, keepdims=True)
+    for idx in (plain, pre):
+        idx.add(ids[2500:], late)
+    assert pre._prefilter is not None and pre._prefilter.err_max > 0
+    subset = ids[rng.random(3000) < 0.8]
+    queries = [x[3], x[10], late[0], _unit(rng, 1)[0]]
+    for q in queries:
+        for sel_ids in (ids, subset):
+            for k in (1, 5, 37, 200):
+                a = plain.search(q, k, plain.select(sel_ids))
+                b = pre.search(q, k, pre.select(sel_ids))
+                assert a[1].tolist() == b[1].tolist() and a[0].tobytes() == b[0].tobytes()
+
+
+def test_prefilter_candidate_set_is_smaller_than_the_selection() -> None:
+    rng = np.random.default_rng(9)
+    x, ids = _unit(rng, 5000), np.arange(5000, dtype=np.int64)
+    idx = _index(x, ids)
+    idx.PREFILTER_MIN = 0
+    cand = idx._candidates(x[:1], 8, idx.select(ids))
+    assert cand is not None and 8 <= cand.n_selected < 5000

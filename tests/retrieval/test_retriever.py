@@ -193,3 +193,19 @@ def test_to_dict_can_leave_out_chunk_text(corpus: FixtureCorpus, retriever: Retr
     assert "text" in res.to_dict()["hits"][0]
     assert "text" not in res.to_dict(include_text=False)["hits"][0]
     json.dumps(res.to_dict())
+
+
+def test_results_are_identical_with_the_8bit_prefilter(
+        engine: Engine, corpus: FixtureCorpus, retriever: Retriever, index_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    r1 = corpus.commit({d["id"]: d["text"] for d in TIES["docs"]} | {"manual": V1})
+    corpus.commit({"manual": V2})
+    cases = [(TIES["query"], k, rev) for k in (1, 3, 10) for rev in (None, r1)]
+    cases += [("gauge reading logbook", 20, rev) for rev in (None, r1)]
+    expected = [_key(retriever.retrieve(q, k, rev)) for q, k, rev in cases]
+    from retrieval.index import VectorIndex
+
+    monkeypatch.setattr(VectorIndex, "PREFILTER_MIN", 1)
+    prefiltered = Retriever(engine, HashingEmbedder(), index_dir)
+    assert [_key(prefiltered.retrieve(q, k, rev)) for q, k, rev in cases] == expected
+    assert prefiltered._index is not None and prefiltered._index._prefilter is not None
