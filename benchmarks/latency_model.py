@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "profile_id": profile.id, "device_name": profile.device_name, "threads": profile.threads,
         "grid": profile.calibration.get("name"), "calibration_wall_s": wall_s,
         "other_cpu_fraction": profile.calibration.get("other_cpu_fraction"),
+        "contended_samples": profile.calibration.get("contended_samples"),
         "prefill_model": profile.prefill_model, "prefill_coefficients": profile.prefill_coefficients,
         "prefill_quantiles": profile.prefill_quantiles, "decode_coefficients": profile.decode_coefficients,
         "held_out": profile.held_out, "form_loo_mape": {k: float(np.mean(np.abs(v)))
@@ -208,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
           + (f", {wall_s:.0f} s" if wall_s else "") + ")")
     other = report["other_cpu_fraction"]
     print(f"device   {profile.device_name}, {profile.dtype}, {profile.threads} threads; other processes "
-          f"used {'n/a' if other is None else f'{other:.1%}'} of the CPU meanwhile")
+          f"used {'n/a' if other is None else f'{other:.1%}'} of the CPU meanwhile; "
+          f"{report['contended_samples']} contended calls re-measured")
     print(f"prefill  {profile.prefill_model}: " + ", ".join(
         f"{k}={v:.5g}" for k, v in profile.prefill_coefficients.items()) + " (ms)")
     print("forms    leave-one-length-out MAPE: " + ", ".join(

@@ -31,9 +31,11 @@ from latency_model.roofline import build_prior, datasheet_peaks
 QUICK_MAX_PROMPT_TOKENS = 2048
 # Prompt lengths, roughly geometric so the bends show; some deliberately not multiples of 8
 # (real prompts have arbitrary lengths and GEMM kernels can favour aligned sizes).
-QUICK_LADDER = (8, 29, 96, 251, 512, 765, 1024, 1531, 2048)
-FULL_LADDER = (8, 29, 96, 251, 512, 765, 1024, 1531, 2048, 3072, 4093, 6144, 8192, 12288, 16384,
-               24576, 32768)
+# Short lengths are dense: they cost little, and their kernels' shape effects (+-10 %) must be
+# in the fit set for the band to cover them.
+QUICK_LADDER = (8, 13, 29, 45, 67, 96, 160, 251, 512, 765, 1024, 1531, 2048)
+FULL_LADDER = (8, 13, 29, 45, 67, 96, 160, 251, 512, 765, 1024, 1531, 2048, 3072, 4093, 6144, 8192,
+               12288, 16384, 24576, 32768)
 SHORT_PROMPT_TOKENS = 256  # at or below: cheap, noisier in relative terms -> more repeats
 LONG_PROMPT_TOKENS = 2048  # above: expensive -> fewer repeats
 CONTENDED_SLACK_S = 0.05  # CPU-seconds of other processes tolerated during one timed call
@@ -175,6 +177,22 @@ def schedule(grid: CalibrationGrid, seed: int) -> list[tuple[str, int, int, str]
     body += [("decode", ctx, 0, "fit") for ctx in grid.decode_contexts for _ in range(grid.decode_repeats)]
     rng.shuffle(body)
     return warm + body
+
+
+def estimate_seconds(grid: CalibrationGrid, profile: Profile, seed: int = 0) -> float:
+    """Predicted wall time of calibrating ``grid``, from a profile of the same generator, in s.
+
+    Sums the p50 of every scheduled prefill and decode call, plus, for each
+    decode call, one prefill of its context (a timer must build that KV cache;
+    an upper bound for timers that keep it). Model loading is not included.
+    """
+    total_ms = 0.0
+    for kind, tokens, cached, _role in schedule(grid, seed):
+        if kind == "prefill":
+            total_ms += profile.predict_ttft_ms(tokens, cached)[0]
+        else:
+            total_ms += profile.predict_tpot_ms(tokens) + profile.predict_ttft_ms(tokens, 0)[0]
+    return total_ms / 1e3
 
 
 def software_versions() -> dict[str, str]:

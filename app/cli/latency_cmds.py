@@ -99,12 +99,24 @@ def cmd_calibrate(args: argparse.Namespace, services: Any) -> int:
     window = int(timer.identity.get("context_window") or getattr(timer, "context_window", 0) or 2048)
     cached = args.cached_tokens if args.cached_tokens is not None else scaffold_sizes(services)
     grid = (quick_grid if args.quick else full_grid)(window, list(cached))
+    _print_estimate(services, timer, grid, args)
     profile = calibrate(timer, grid=grid, seed=args.seed, progress=not args.no_progress,
                         prefill_model=args.prefill_model)
     path = None if args.no_save else save_profile(services.engine, services.data_dir, profile)
     payload = {**profile.summary(), "saved_to": str(path) if path else None}
     emit(args, payload, lambda p: describe(p) + (f"\n  saved    {p['saved_to']}" if p["saved_to"] else ""))
     return 0
+
+
+def _print_estimate(services: Any, timer: Any, grid: Any, args: argparse.Namespace) -> None:
+    """Tell stderr how long the grid should take, when a fitted profile of this generator exists."""
+    from app.profile_store import find_profile, key_of
+    from latency_model.calibration import estimate_seconds
+
+    previous = find_profile(services.engine, key_of(dict(timer.identity)), "fitted")
+    if previous is not None and not args.no_progress:
+        print(f"{grid.name} grid: about {estimate_seconds(grid, previous, args.seed):.0f} s "
+              f"(from profile {previous.id[:19]})", file=sys.stderr)
 
 
 def cmd_list(args: argparse.Namespace, services: Any) -> int:

@@ -166,3 +166,14 @@ def test_contended_threshold_scales_with_call_length() -> None:
     assert not contended(0.2, 3.0, 2)
     assert contended(1.0, 3.0, 2)
     assert not contended(None, 1.0, 2)
+
+
+def test_duration_estimate_adds_up_the_predicted_calls(fitted_profile: Profile) -> None:
+    from latency_model.calibration import estimate_seconds
+
+    quick, full = quick_grid(8192, [200]), full_grid(8192, [200])
+    est_quick = estimate_seconds(quick, fitted_profile)
+    prefill_only = sum(fitted_profile.predict_ttft_ms(n, c)[0]
+                       for kind, n, c, _ in schedule(quick, 0) if kind == "prefill") / 1e3
+    assert est_quick > prefill_only > 0
+    assert estimate_seconds(full, fitted_profile) > est_quick
