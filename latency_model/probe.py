@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 
-def probe_cpu(threads: int, *, matmul_n: int = 512, copy_mib: int = 64, repeats: int = 5) -> dict[str, Any]:
+def probe_cpu(threads: int, *, matmul_n: int = 512, copy_mib: int = 64, repeats: int = 15) -> dict[str, Any]:
     """Measure fp32 matmul FLOP/s (torch, ``threads`` intra-op threads) and memory copy bandwidth.
 
     Best-of-``repeats`` of a ``(n, n) @ (n, n)`` fp32 matmul (``2 n^3`` FLOP) and of a

@@ -61,12 +61,15 @@ DATASHEET: tuple[DeviceSpec, ...] = (
                "FP32 30.3 TFLOPS, 300 GB/s GDDR6"),
 )
 
-# Fraction of the peak FLOP/s a prefill reaches. GPUs: typical MFU of a well-run
-# prefill (~50 %); CPU: the probe already measures an achieved matmul rate, of which
-# whole-model prefill (small matrices, attention, norms) keeps about half.
-ACHIEVABLE_FRACTION = {"cuda": 0.5, "cpu": 0.5}
-# Fixed dispatch cost per transformer layer per forward pass (ms), eager PyTorch order of magnitude.
-LAYER_OVERHEAD_MS = {"cuda": 0.15, "cpu": 0.3}
+# Fraction of the peak FLOP/s a prefill reaches. GPUs: typical MFU of a well-run prefill
+# (~50 %). CPU: the probe already measures an achieved fp32 GEMM rate, and SmolLM2-135M's
+# linear layers ran at ~100 % of it on the 2-core EPYC VM (fitted b = 1.05 ms/token for
+# 2 * 106 M FLOP/token vs a 180-220 GFLOP/s probe, docs/latency_model.md).
+ACHIEVABLE_FRACTION = {"cuda": 0.5, "cpu": 0.9}
+# Fixed dispatch cost per transformer layer per forward pass (ms), eager PyTorch. CPU: the same
+# run's fitted a = 45 ms for 30 layers, less ~13 ms of weight reads. GPU: ~10 kernel launches of
+# ~10-15 us per layer.
+LAYER_OVERHEAD_MS = {"cuda": 0.15, "cpu": 1.0}
 # A roofline guess is commonly off by up to 2x either way; the band says so.
 PRIOR_QUANTILES = {"p05": -0.5, "p50": 0.0, "p90": 0.8, "p95": 1.0, "p99": 2.0}
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}

@@ -56,7 +56,7 @@ def test_missing_config_field_is_invalid_config() -> None:
 def test_attention_coefficient_follows_flop_count() -> None:
     shape = ModelShape.from_config(SMOLLM2)
     prefill, _ = roofline_coefficients(shape, peak_flops=1e12, bandwidth_bytes_s=1e11,
-                                       dtype_bytes=4, kind="cpu")
+                                       dtype_bytes=4, kind="cuda")
     # 2 * L * H * d FLOP per unit of m*(n + c), at half of 1e12 FLOP/s, in ms.
     assert prefill["g"] == pytest.approx(2 * 30 * 9 * 64 / (0.5e12 / 1e3))
 
