@@ -12,32 +12,43 @@ from typing import Any
 import numpy as np
 
 
-def probe_cpu(threads: int, *, matmul_n: int = 512, copy_mib: int = 64, repeats: int = 15) -> dict[str, Any]:
-    """Measure fp32 matmul FLOP/s (torch, ``threads`` intra-op threads) and memory copy bandwidth.
-
-    Best-of-``repeats`` of a ``(n, n) @ (n, n)`` fp32 matmul (``2 n^3`` FLOP) and of a
-    ``copy_mib`` MiB numpy copy (read + write: ``2 * bytes`` moved). Restores torch's
-    thread count afterwards.
-
-    Returns:
-        ``{"peak_flops": FLOP/s, "bandwidth_bytes_s": bytes/s, "threads", "matmul_n", "copy_mib",
-        "source": str}``.
-    """
-    import torch
-
+def _best_matmul_s(torch: Any, threads: int, n: int, repeats: int) -> float:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        a = torch.randn(matmul_n, matmul_n, dtype=torch.float32)
-        b = torch.randn(matmul_n, matmul_n, dtype=torch.float32)
+        a = torch.randn(n, n, dtype=torch.float32)
+        b = torch.randn(n, n, dtype=torch.float32)
         torch.mm(a, b)  # warm-up
-        best_mm = float("inf")
+        best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
             torch.mm(a, b)
-            best_mm = min(best_mm, time.perf_counter() - t0)
+            best = min(best, time.perf_counter() - t0)
+        return best
     finally:
         torch.set_num_threads(before)
+
+
+def probe_cpu(threads: int, *, matmul_n: int = 512, copy_mib: int = 64, repeats: int = 15) -> dict[str, Any]:
+    """Measure fp32 matmul FLOP/s (torch) and memory copy bandwidth of this CPU.
+
+    Best-of-``repeats`` of a ``(n, n) @ (n, n)`` fp32 matmul (``2 n^3`` FLOP) on
+    ``threads`` intra-op threads and on one thread; the peak is the larger of the
+    ``threads`` rate and ``threads`` x the one-thread rate, because another busy
+    process stalls a multi-threaded GEMM far more than a single thread (the prior
+    describes the device, not the moment). Bandwidth: best of a ``copy_mib`` MiB
+    numpy copy (read + write: ``2 * bytes`` moved). Restores torch's thread count.
+
+    Returns:
+        ``{"peak_flops": FLOP/s, "bandwidth_bytes_s": bytes/s, "threads", "matmul_n", "copy_mib",
+        "flops_threads", "flops_one_thread", "source": str}``.
+    """
+    import torch
+
+    work = 2 * matmul_n**3
+    flops_threads = work / _best_matmul_s(torch, threads, matmul_n, repeats)
+    flops_one = work / _best_matmul_s(torch, 1, matmul_n, repeats) if threads > 1 else flops_threads
+    flops = max(flops_threads, threads * flops_one)
     src = np.ones(copy_mib * (1 << 20) // 8, dtype=np.float64)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # warm-up (page faults)
@@ -46,12 +57,13 @@ def probe_cpu(threads: int, *, matmul_n: int = 512, copy_mib: int = 64, repeats:
         t0 = time.perf_counter()
         np.copyto(dst, src)
         best_copy = min(best_copy, time.perf_counter() - t0)
-    flops = 2 * matmul_n**3 / best_mm
     bandwidth = 2 * src.nbytes / best_copy
     return {"peak_flops": flops, "bandwidth_bytes_s": bandwidth, "threads": threads,
-            "matmul_n": matmul_n, "copy_mib": copy_mib,
-            "source": f"cpu probe: fp32 {matmul_n}^3 torch.mm on {threads} threads "
-                      f"{flops / 1e9:.1f} GFLOP/s; {copy_mib} MiB copy {bandwidth / 1e9:.1f} GB/s"}
+            "matmul_n": matmul_n, "copy_mib": copy_mib, "flops_threads": flops_threads,
+            "flops_one_thread": flops_one,
+            "source": f"cpu probe: fp32 {matmul_n}^3 torch.mm {flops_threads / 1e9:.1f} GFLOP/s on "
+                      f"{threads} threads, {flops_one / 1e9:.1f} on 1 (peak {flops / 1e9:.1f}); "
+                      f"{copy_mib} MiB copy {bandwidth / 1e9:.1f} GB/s"}
 
 
 def cpu_snapshot() -> tuple[float, float, float] | None:

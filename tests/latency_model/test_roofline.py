@@ -81,3 +81,12 @@ def test_faster_device_gets_a_faster_prior() -> None:
         return prior.predict_ttft_ms(4000, 0)[0]
 
     assert ttft("NVIDIA H100 80GB HBM3") < ttft("NVIDIA L4")
+
+
+def test_cpu_probe_reports_a_peak_at_least_the_measured_rates() -> None:
+    from latency_model.probe import probe_cpu
+
+    r = probe_cpu(2, matmul_n=128, copy_mib=4, repeats=3)
+    assert r["peak_flops"] >= r["flops_threads"] > 0
+    assert r["peak_flops"] >= 2 * r["flops_one_thread"] * 0.999
+    assert r["bandwidth_bytes_s"] > 0 and "cpu probe" in r["source"]
