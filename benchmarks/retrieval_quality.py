@@ -34,68 +34,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from retrieval.bookindex import page_ranking, parse_bookindex  # noqa: E402
+
 CORPORA = REPO.parent / "shared" / "corpora"
 GENERATOR_DIR = REPO / "ragbudget-data" / "models" / "smollm2-135m-instruct-fp32"
 VERSION = "15.20"
 KS = (1, 5, 10, 20)
-EXCLUDED_PAGES = {"bookindex.html"}
-
-
-def parse_bookindex(html: str) -> list[tuple[str, set[str]]]:
-    """``[(query, relevant page file names)]`` from a DocBook ``bookindex.html``, in index order.
-
-    Subterms (``dd > dl > dt``) are prefixed with their parent term's text.
-    """
-    import warnings
-
-    from bs4 import BeautifulSoup, Tag, XMLParsedAsHTMLWarning
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
-        soup = BeautifulSoup(html, "lxml")
-    merged: dict[str, set[str]] = {}
-
-    def term_of(dt: Tag) -> str:
-        parts: list[str] = []
-        for node in dt.children:
-            if isinstance(node, Tag):
-                if node.name == "a" or node.name == "dl":
-                    break
-                parts.append(node.get_text())
-            else:
-                parts.append(str(node))
-        text = " ".join("".join(parts).split())
-        return text.rstrip(", ").strip()
-
-    def walk(dl: Tag, prefix: str) -> None:
-        for dt in dl.find_all("dt", recursive=False):
-            term = term_of(dt)
-            query = f"{prefix} {term}".strip() if prefix else term
-            pages = {str(a["href"]).split("#", 1)[0] for a in dt.find_all("a", class_="indexterm")
-                     if a.get("href")}
-            pages -= EXCLUDED_PAGES
-            if query and pages:
-                merged.setdefault(query, set()).update(pages)
-            dd = dt.find_next_sibling()
-            if isinstance(dd, Tag) and dd.name == "dd":
-                sub = dd.find("dl")
-                if isinstance(sub, Tag):
-                    walk(sub, query)
-
-    for div in soup.find_all("div", class_="indexdiv"):
-        dl = div.find("dl", recursive=False)
-        if isinstance(dl, Tag):
-            walk(dl, "")
-    return [(q, pages) for q, pages in merged.items()]
-
-
-def page_ranking(hits: list[Any]) -> list[str]:
-    """Pages in rank order of their best chunk, excluding :data:`EXCLUDED_PAGES`."""
-    seen: dict[str, None] = {}
-    for h in hits:
-        if h.document_id not in EXCLUDED_PAGES:
-            seen.setdefault(h.document_id, None)
-    return list(seen)
 
 
 def score_queries(rankings: list[list[str]], relevant: list[set[str]]) -> dict[str, float]:
