@@ -1,9 +1,9 @@
 """Wiring replay into the app: the retriever and the prompt/regeneration hooks (CLI and API).
 
 ``receipts`` never imports ``app``; what replay needs from here (rebuilding a
-prompt, regenerating) comes from :func:`app.pipeline.replay_hooks`, imported
-lazily. While that hook or the retriever is not available, replay still runs
-the checks it can and marks the others ``skipped``.
+prompt, regenerating) comes from :func:`replay_hooks` below. While the retriever
+is not available, replay still runs the checks it can and marks the others
+``skipped``.
 """
 
 from __future__ import annotations
@@ -26,11 +26,7 @@ def _retriever(services: Services) -> Any:
 
 
 def _hooks(services: Services) -> tuple[Any, Any]:
-    try:
-        from app.pipeline import replay_hooks  # type: ignore[attr-defined]
-    except ImportError:
-        return None, None
-    return replay_hooks(services)  # type: ignore[no-any-return]
+    return replay_hooks(services)
 
 
 def _environment() -> dict[str, Any]:
@@ -53,3 +49,64 @@ def replay_receipt(services: Services, receipt_id: str, *, regenerate: bool = Fa
         regenerate=regenerate_hook if regenerate else None,
         current_environment=_environment() if regenerate else None, want_regenerate=regenerate,
     )
+
+
+def replay_hooks(services: Services) -> tuple[Any, Any]:
+    """The app-side halves of replay (:func:`receipts.replay.replay`), for ``services``.
+
+    Returns ``(rebuild_prompt, regenerate)``:
+
+    * ``rebuild_prompt(body, hits) -> (token_ids_hash, prompt_tokens)`` rebuilds the
+      prompt token for token from the recorded scaffold (looked up by hash), the
+      cited chunks ``hits`` (rank order, texts from the stored document versions)
+      and the recorded question.
+    * ``regenerate(body) -> {"token_ids", "token_ids_hash", "text", "environment"}``
+      generates again with the recorded parameters (greedy unless a seed was
+      recorded) on that rebuilt prompt.
+
+    Raises (from the hooks):
+        NotFound: the recorded scaffold is not in the database.
+    """
+    from app.generation.base import GenParams
+    from app.pipeline import software_versions
+    from app.prompt import PromptBuilder, PromptChunk, scaffold_by_hash
+    from foundation.errors import NotFound
+    from foundation.hashing import sha256_ints
+
+    def _prompt(body: dict[str, Any], hits: list[Any]) -> Any:
+        sc = body["scaffold"]
+        row = scaffold_by_hash(services.engine, sc["hash"])
+        if row is None:
+            raise NotFound(f"scaffold {sc['hash']} is not stored", code="unknown_scaffold")
+        builder = PromptBuilder.for_generator(services.generator)
+        chunks = [PromptChunk(document_id=_attr(h, "document_id"), version=_attr(h, "version"),
+                              text=_attr(h, "text")) for h in hits]
+        return builder.build(row.text, chunks, body["question"])
+
+    def rebuild_prompt(body: dict[str, Any], hits: list[Any]) -> tuple[str, int]:
+        prompt = _prompt(body, hits)
+        return prompt.prompt_hash, prompt.prompt_tokens
+
+    def regenerate(body: dict[str, Any]) -> dict[str, Any]:
+        from receipts.stored import stored_hits
+
+        hits, _problems = stored_hits(services.engine, body)
+        prompt = _prompt(body, hits)
+        gen = services.generator
+        p = body["generator"]["params"]
+        params = GenParams(max_new_tokens=int(p["max_new_tokens"]), temperature=float(p["temperature"]),
+                           top_p=float(p["top_p"]), seed=p.get("seed"))
+        text = "".join(ev.text for ev in gen.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids,
+                                                     params=params, messages=prompt.messages or None))
+        ids = list(gen.last_stats.output_token_ids)
+        ident = gen.identity
+        env = {f"generator.{k}": ident.get(k) for k in ("backend", "model_id", "weights_hash", "dtype",
+                                                         "device")}
+        env.update({f"software.{k}": v for k, v in software_versions().items()})
+        return {"token_ids": ids, "token_ids_hash": sha256_ints(ids), "text": text, "environment": env}
+
+    return rebuild_prompt, regenerate
+
+
+def _attr(obj: Any, name: str) -> Any:
+    return obj[name] if isinstance(obj, dict) else getattr(obj, name)
