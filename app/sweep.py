@@ -231,7 +231,9 @@ def plot(summary: dict[str, Any], meta: dict[str, Any], path: Path) -> None:
                         xytext=(4, 4), color=c, fontsize=8)
     ax.set_xlabel("k (chunks in the prompt, rank order)")
     ax.set_ylabel("TTFT (ms), retrieval overhead included")
-    ax.set_title(f"Chunk count vs TTFT: {meta.get('model', '')} on {meta.get('device', '')}", fontsize=10)
+    ax.set_title(f"Chunk count vs TTFT: {meta.get('model', '')}\n{meta.get('device', '')}, "
+                 f"{meta.get('dtype', '')}, {meta.get('threads', '')} threads, "
+                 f"median of {meta.get('repeats', '')} prefills per (question, k)", fontsize=10)
     recall = [r["recall_at_k"] for r in per_k]
     if any(v is not None for v in recall):
         ax2 = ax.twinx()

@@ -31,6 +31,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.set_defaults(func=cmd_sweep)
 
 
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f} %"
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:g}"
+
+
 def _budgets(text: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
@@ -93,8 +101,9 @@ def cmd_sweep(args: argparse.Namespace, services: Any) -> int:
                          f"{r['predicted_p50_ms_median']:>9.0f} "
                          f"{r['predicted_p95_ms_median']:>9.0f} {rec:>9}")
         for b in p["summary"]["per_budget"]:
-            lines.append(f"budget {b['budget_ms']:.0f} ms: chosen k (median) {b['chosen_k_median']}, "
-                         f"within budget {b['within_budget']}, budget used {b['budget_used_mean']}")
+            lines.append(f"budget {b['budget_ms']:.0f} ms: chosen k (median) {_num(b['chosen_k_median'])}, "
+                         f"within budget {_pct(b['within_budget'])}, "
+                         f"budget used {_pct(b['budget_used_mean'])}")
         lines.append("wrote " + ", ".join(p["outputs"].values()))
         return "\n".join(lines)
 
