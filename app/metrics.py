@@ -1,8 +1,8 @@
 """Prometheus metrics for answers (text exposition format at ``GET /metrics``).
 
 Histograms of TTFT, TPOT, queue and retrieval time (ms); counters of answers by
-status, budget misses (measured TTFT > budget) and prompt, cached and computed
-tokens. One registry per :class:`AnswerMetrics` so tests and apps stay apart.
+status, budget misses (measured TTFT > budget), prompt tokens (total, cached,
+computed) and output tokens. One registry per :class:`AnswerMetrics` so tests and apps stay apart.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ class AnswerMetrics:
                                      "Answers whose measured TTFT exceeded the budget", registry=r)
         self.tokens = Counter("ragbudget_prompt_tokens", "Prompt tokens by kind (total, cached, computed)",
                               ["kind"], registry=r)
+        self.output_tokens = Counter("ragbudget_output_tokens", "Generated (output) tokens",
+                                     registry=r)
 
     def observe(self, summary: dict) -> None:
         """Record one finished answer from its summary dict (keys as in the answer response)."""
@@ -49,6 +51,8 @@ class AnswerMetrics:
         for kind in ("prompt", "cached", "computed"):
             if tok.get(kind) is not None:
                 self.tokens.labels(kind=kind).inc(int(tok[kind]))
+        if tok.get("output") is not None:
+            self.output_tokens.inc(int(tok["output"]))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""

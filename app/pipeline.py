@@ -315,6 +315,8 @@ class AnswerPipeline:
         summary: dict[str, Any] = {
             "status": state["status"], "error": state["error"], "text": text,
             "question": p.request.question, "ttft_budget_ms": p.budget_ms,
+            # measured TTFT <= budget; None when no token came (nothing to measure).
+            "within_budget": None if ttft_ms is None else bool(ttft_ms <= p.budget_ms),
             "revision": p.retrieval.revision, "chosen_k": k, "binding": p.plan.binding,
             # predicted TTFT = measured pre-prefill overhead + the profile's prefill p50/p95,
             # the same quantity as the measured ttft_ms (arrival to first token).

@@ -78,7 +78,8 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
         row = scaffold_by_hash(services.engine, sc["hash"])
         if row is None:
             raise NotFound(f"scaffold {sc['hash']} is not stored", code="unknown_scaffold")
-        builder = PromptBuilder.for_generator(services.generator)
+        # The generator's tokenizer without loading the generator (a plain replay needs no model).
+        builder = PromptBuilder.for_tokenizer(services.tokenizer)
         chunks = [PromptChunk(document_id=_attr(h, "document_id"), version=_attr(h, "version"),
                               text=_attr(h, "text")) for h in hits]
         return builder.build(row.text, chunks, body["question"])

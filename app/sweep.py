@@ -64,11 +64,41 @@ def load_questions(path: Path) -> list[dict[str, Any]]:
 
 
 def load_labels(path: Path) -> dict[str, set[str]]:
-    """Labels JSON: ``{question id or question text: [relevant document ids]}``."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(data, dict):
-        raise InvalidInput(f"{path}: labels must be a JSON object", code="invalid_labels")
+    """Labels JSON: ``{question id or question text: [relevant document ids]}``.
+
+    Raises:
+        InvalidInput (``invalid_labels``): unreadable, not JSON, not an object of lists.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidInput(f"{path}: cannot read labels: {exc}", code="invalid_labels") from exc
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        raise InvalidInput(f"{path}: labels must be a JSON object of lists of document ids",
+                           code="invalid_labels")
     return {str(k): set(map(str, v)) for k, v in data.items()}
+
+
+def apply_labels(questions: list[dict[str, Any]], labels: dict[str, set[str]]) -> list[str]:
+    """Set each question's ``relevant`` pages from ``labels`` (matched by id, then by text).
+
+    Returns the label keys that matched no question (for a warning).
+
+    Raises:
+        InvalidInput (``invalid_labels``): no label key matches any question, so recall@k
+            could not be computed at all (usually ids that differ from the questions file).
+    """
+    used: set[str] = set()
+    for q in questions:
+        for key in (q.get("id"), q.get("question")):
+            if key is not None and key in labels:
+                q["relevant"] = sorted(labels[key])
+                used.add(key)
+                break
+    if labels and not used:
+        raise InvalidInput("no label matches a question id or text; recall@k would be empty",
+                           code="invalid_labels")
+    return sorted(set(labels) - used)
 
 
 def bookindex_questions(corpus_dir: Path, n: int, seed: int = 0) -> list[dict[str, Any]]:

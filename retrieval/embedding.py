@@ -117,6 +117,7 @@ class SentenceTransformerEmbedder:
         from sentence_transformers import SentenceTransformer
 
         from foundation.errors import InvalidConfig
+        from foundation.quiet import quiet_weight_loading
 
         model_dir = Path(path).expanduser()
         weights = weights_files(model_dir) if model_dir.is_dir() else []
@@ -129,7 +130,8 @@ class SentenceTransformerEmbedder:
         self._torch = torch
         torch.set_num_threads(self.threads)
         # A PosixPath is not accepted as a model name by this sentence-transformers version.
-        self.model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+        with quiet_weight_loading():
+            self.model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
         self.model.eval()
         get_dim = getattr(self.model, "get_embedding_dimension", None) or \
             self.model.get_sentence_embedding_dimension

@@ -89,6 +89,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")),
                    "type": str(e.get("type", ""))} for e in exc.errors()]
+        if any(e["type"] == "json_invalid" for e in errors):
+            # The body is not JSON at all: a syntax error, not a schema violation.
+            return JSONResponse(error_body("malformed_body", "request body is not valid JSON",
+                                           {"errors": errors}), status_code=400)
         return JSONResponse(error_body("invalid_request", "request failed validation",
                                        {"errors": errors}), status_code=422)
 

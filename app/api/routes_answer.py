@@ -36,8 +36,9 @@ def get_pipeline(request: Request) -> AnswerPipeline:
 class AnswerCreate(BaseModel):
     """An answer request. ``ttft_budget_ms`` defaults to the configured budget."""
 
-    model_config = ConfigDict(strict=True)  # JSON types as documented: no true -> 1, no "5" -> 5
-    question: str = Field(..., min_length=1, max_length=100_000)
+    # JSON types as documented (no true -> 1, no "5" -> 5); unknown fields are rejected.
+    model_config = ConfigDict(strict=True, extra="forbid")
+    question: str = Field(..., max_length=100_000, description="non-blank (422 empty_question)")
     ttft_budget_ms: float | None = Field(None, description="TTFT budget in ms (>0)")
     max_new_tokens: int | None = Field(None, ge=1)
     revision: int | None = Field(None, ge=1, le=MAX_REVISION)
@@ -57,9 +58,11 @@ class AnswerCreate(BaseModel):
 class AdviseCreate(BaseModel):
     """An advise request: retrieve and plan, no generation."""
 
-    model_config = ConfigDict(strict=True)  # JSON types as documented: no true -> 1, no "5" -> 5
-    question: str = Field(..., min_length=1, max_length=100_000)
-    ttft_budget_ms: float = Field(..., description="TTFT budget in ms (>0)")
+    # JSON types as documented (no true -> 1, no "5" -> 5); unknown fields are rejected.
+    model_config = ConfigDict(strict=True, extra="forbid")
+    question: str = Field(..., max_length=100_000, description="non-blank (422 empty_question)")
+    ttft_budget_ms: float | None = Field(
+        None, description="TTFT budget in ms (>0); default: the configured budget")
     revision: int | None = Field(None, ge=1, le=MAX_REVISION)
     k_max: int | None = Field(None, ge=0)
     max_new_tokens: int | None = Field(None, ge=1)
@@ -82,7 +85,8 @@ async def answer(body: AnswerCreate, request: Request,
     (``{"text"}``), then one ``final`` event with the same summary (or an
     ``error`` event when generation failed mid-way), then ``data: [DONE]``.
 
-    Errors: 422 bad input (codes ``empty_question``, ``invalid_budget``, ...),
+    Errors: 400 ``malformed_body`` (not JSON), 422 bad input (codes ``empty_question``,
+    ``invalid_budget``, ``invalid_request`` for schema violations such as unknown fields),
     404 ``unknown_revision``, 429 ``busy`` with Retry-After.
     """
     arrival = time.perf_counter()
@@ -125,7 +129,7 @@ def advise(body: AdviseCreate, pipeline: AnswerPipeline = Depends(get_pipeline))
 
 
 @router.get("/v1/advise/curve", dependencies=[Depends(require_role("copilot"))])
-def advise_curve(question: str = Query(..., min_length=1, max_length=100_000),
+def advise_curve(question: str = Query(..., max_length=100_000),
                  ttft_budget_ms: float | None = Query(None),
                  k_max: int | None = Query(None, ge=0),
                  revision: int | None = Query(None, ge=1, le=MAX_REVISION),

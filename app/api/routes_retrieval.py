@@ -24,7 +24,8 @@ router = APIRouter(tags=["retrieval"])
 class RetrieveCreate(BaseModel):
     """A retrieval request; ``revision`` defaults to the latest corpus revision."""
 
-    model_config = ConfigDict(strict=True)  # JSON types as documented: no true -> 1, no "5" -> 5
+    # JSON types as documented (no true -> 1, no "5" -> 5); unknown fields are rejected.
+    model_config = ConfigDict(strict=True, extra="forbid")
     query: str = Field(..., max_length=100_000)
     k: int = Field(8, description="hits to return, 1..max_k")
     revision: int | None = Field(None, ge=0, le=MAX_REVISION,

@@ -13,7 +13,8 @@ from app.cli.common import add_json_flag, emit
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     a = sub.add_parser("ask", help="answer a question within a TTFT budget, streamed")
     a.add_argument("question")
-    a.add_argument("--budget-ms", type=float, default=None, help="TTFT budget in ms")
+    a.add_argument("--budget-ms", type=float, default=None,
+                   help="TTFT budget in ms (default: RAGBUDGET_DEFAULT_TTFT_BUDGET_MS)")
     a.add_argument("--max-new-tokens", type=int, default=None)
     a.add_argument("--revision", type=int, default=None)
     a.add_argument("--k-max", type=int, default=None)
@@ -21,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     a.set_defaults(func=cmd_ask)
     d = sub.add_parser("advise", help="how many chunks fit the TTFT budget (no generation)")
     d.add_argument("question")
-    d.add_argument("--budget-ms", type=float, required=True, help="TTFT budget in ms")
+    d.add_argument("--budget-ms", type=float, default=None,
+                   help="TTFT budget in ms (default: RAGBUDGET_DEFAULT_TTFT_BUDGET_MS)")
     d.add_argument("--revision", type=int, default=None)
     d.add_argument("--k-max", type=int, default=None)
     d.add_argument("--max-new-tokens", type=int, default=None)
@@ -37,11 +39,15 @@ def render_summary(s: dict[str, Any]) -> str:
     """The few lines printed under a streamed answer."""
     p, t, tok = s["predicted"], s["timings"], s["tokens"]
     cites = ", ".join(f"[{i + 1}] {c['document_id']} v{c['version']}" for i, c in enumerate(s["citations"]))
+    miss = ""
+    if t.get("ttft_ms") is not None and t["ttft_ms"] > s["ttft_budget_ms"]:
+        miss = f" | OVER BUDGET by {t['ttft_ms'] - s['ttft_budget_ms']:.0f} ms"
     return "\n".join([
         f"status {s['status']} | k={s['chosen_k']} ({s['binding']}) | budget {_fmt(s['ttft_budget_ms'])}",
         f"TTFT predicted p50 {_fmt(p['ttft_p50_ms'])} / p95 {_fmt(p['ttft_p95_ms'])} "
         f"[{p['profile_source']} profile] | measured {_fmt(t['ttft_ms'])} "
-        f"(queue {_fmt(t['queue_ms'])}, retrieval {_fmt(t['retrieval_ms'])}) | TPOT {_fmt(t['tpot_ms'])}",
+        f"(queue {_fmt(t['queue_ms'])}, retrieval {_fmt(t['retrieval_ms'])}) | TPOT {_fmt(t['tpot_ms'])}"
+        f"{miss}",
         f"tokens: prompt {tok['prompt']} (cached {tok['cached']}, computed {tok['computed']}), "
         f"output {tok['output']}",
         f"sources: {cites or '(none)'}",
@@ -85,16 +91,21 @@ def cmd_advise(args: argparse.Namespace, services) -> int:  # type: ignore[no-un
 
     def human(o: dict[str, Any]) -> str:
         plan = o["plan"]
+        over = float(plan["overhead_ms"])
         lines = [f"budget {o['ttft_budget_ms']:.0f} ms, revision {o['revision']}, profile "
                  f"{o['profile']['id'][:19]} ({o['profile']['source']})",
-                 f"{'k':>3} {'prompt':>7} {'cached':>7} {'computed':>8} {'p50 ms':>8} {'p95 ms':>8}  fits"]
+                 f"TTFT = overhead {over:.0f} ms (retrieval, tokenisation, measured) + prefill; "
+                 f"a row fits when its TTFT p95 <= the budget",
+                 f"{'k':>3} {'prompt':>7} {'cached':>7} {'computed':>8} {'prefill p50':>11} "
+                 f"{'TTFT p50':>9} {'TTFT p95':>9}  fits"]
         for r in plan["rows"]:
             mark = " <- chosen" if r["k"] == plan["chosen_k"] else ""
             fits = "yes" if r["fits_budget"] and r["fits_context"] else "no"
             lines.append(f"{r['k']:>3} {r['prompt_tokens']:>7} {r['cached_tokens']:>7} "
-                         f"{r['computed_tokens']:>8} {r['ttft_p50_ms']:>8.0f} {r['ttft_p95_ms']:>8.0f}  "
+                         f"{r['computed_tokens']:>8} {r['ttft_p50_ms']:>11.0f} "
+                         f"{r['ttft_p50_ms'] + over:>9.0f} {r['ttft_p95_ms'] + over:>9.0f}  "
                          f"{fits}{mark}")
-        lines.append(f"chosen k = {plan['chosen_k']} (binding: {plan['binding']})")
+        lines.append(f"chosen k = {plan['chosen_k']} (binding: {plan['binding']}): {plan['message']}")
         return "\n".join(lines)
 
     emit(args, out, human)

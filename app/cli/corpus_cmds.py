@@ -38,9 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_json_flag(fetch)
     fetch.set_defaults(func=cmd_fetch)
 
-    rev = sub.add_parser("revisions", help="corpus revisions")
+    rev = sub.add_parser("revisions", help="corpus revisions (default action: list)")
     rsub = rev.add_subparsers(dest="revisions_command", metavar="ACTION")
-    rsub.required = True
+    add_json_flag(rev)
+    rev.set_defaults(func=cmd_revisions_list, limit=None)
     rl = rsub.add_parser("list", help="all revisions, newest first")
     rl.add_argument("--limit", type=int, default=None)
     add_json_flag(rl)

@@ -33,6 +33,8 @@ def cmd_serve(args: argparse.Namespace, services) -> int:  # type: ignore[no-unt
     from app.api.app import create_app
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # faiss logs each SIMD build it fails to import at INFO; the one it loads is in the index files.
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     host = args.host or services.settings.host
     port = args.port or services.settings.port
     key = bootstrap_admin_key(services)

@@ -64,7 +64,7 @@ def default_questions(services: Any, n_index: int, seed: int) -> list[dict[str, 
 
 def cmd_sweep(args: argparse.Namespace, services: Any) -> int:
     from app.pipeline import AnswerPipeline
-    from app.sweep import load_labels, load_questions, run_sweep, write_outputs
+    from app.sweep import apply_labels, load_labels, load_questions, run_sweep, write_outputs
 
     budgets = _budgets(args.budgets)
     if not 0 <= args.k_max <= services.settings.max_k:
@@ -74,11 +74,10 @@ def cmd_sweep(args: argparse.Namespace, services: Any) -> int:
     questions = (load_questions(args.questions) if args.questions
                  else default_questions(services, args.index_questions, args.seed))
     if args.labels:
-        labels = load_labels(args.labels)
-        for q in questions:
-            rel = labels.get(q["id"]) or labels.get(q["question"])
-            if rel:
-                q["relevant"] = sorted(rel)
+        unmatched = apply_labels(questions, load_labels(args.labels))
+        if unmatched:
+            print(f"warning: {len(unmatched)} label(s) match no question id or text: "
+                  + ", ".join(repr(u) for u in unmatched[:5]), file=sys.stderr)
     pipeline = AnswerPipeline(services)
     pipeline.warm()
     gen = services.generator

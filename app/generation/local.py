@@ -91,14 +91,16 @@ class LocalGenerator:
         from transformers import AutoModelForCausalLM
 
         from app.assets import load_tokenizer, weights_hash
+        from foundation.quiet import quiet_weight_loading
 
         model_dir = Path(model_dir)
         self.device, self.dtype = resolve_device_dtype(device, dtype)
         torch.set_num_threads(threads)
         self.threads = threads
         try:
-            model = AutoModelForCausalLM.from_pretrained(
-                str(model_dir), dtype=getattr(torch, self.dtype), local_files_only=True)
+            with quiet_weight_loading():
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(model_dir), dtype=getattr(torch, self.dtype), local_files_only=True)
         except (OSError, ValueError) as exc:
             raise InvalidConfig(f"cannot load a causal LM from {model_dir}: {exc}") from exc
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]

@@ -54,6 +54,7 @@ def test_non_stream_answer_cites_retrieved_pages_with_measured_timings(plain_ans
     assert tok["prompt"] == tok["cached"] + tok["computed"]
     assert tok["cached"] > 0  # the scaffold was warmed at start-up
     assert a["predicted"]["ttft_p95_ms"] >= a["predicted"]["ttft_p50_ms"] > 0
+    assert a["within_budget"] is (t["ttft_ms"] <= a["ttft_budget_ms"])
 
 
 def test_non_stream_receipt_records_the_answer_and_replays(plain_answer, answer_services):
@@ -111,6 +112,21 @@ def test_ask_command_streams_a_real_answer_and_prints_the_summary(answer_service
     assert answer.strip()
     assert f"k={CANDIDATES}" in summary and "TTFT predicted p50" in summary and "TPOT" in summary
     assert "backup-dump.html" in summary and "receipt: rcpt_" in summary
+    assert "OVER BUDGET" not in summary  # the 60 s budget is kept
+
+
+def test_ask_summary_flags_a_budget_miss_and_not_a_kept_budget():
+    from app.cli.answer_cmds import render_summary
+
+    def summary(ttft_ms: float) -> dict[str, Any]:
+        return {"status": "ok", "chosen_k": 1, "binding": "budget", "ttft_budget_ms": 800.0,
+                "predicted": {"ttft_p50_ms": 500.0, "ttft_p95_ms": 600.0, "profile_source": "fitted"},
+                "timings": {"ttft_ms": ttft_ms, "queue_ms": 0.0, "retrieval_ms": 20.0, "tpot_ms": 40.0},
+                "tokens": {"prompt": 200, "cached": 80, "computed": 120, "output": 8},
+                "citations": [{"document_id": "a.html", "version": 1}], "receipt_id": "rcpt_x"}
+
+    assert "OVER BUDGET by 3112 ms" in render_summary(summary(3912.0))
+    assert "OVER BUDGET" not in render_summary(summary(800.0))
 
 
 def test_metrics_count_ok_answers_and_prompt_tokens(plain_answer, live_server):

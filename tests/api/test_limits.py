@@ -82,6 +82,16 @@ REFUSED = [
     ("POST", "/v1/chat/completions", chat(revision=HUGE), None, None, 422, "invalid_request"),
     ("POST", "/v1/retrieve", {"query": Q, "k": 1, "revision": HUGE}, None, None, 422, "invalid_request"),
     ("POST", "/v1/answer", {"question": Q, "seed": True}, None, None, 422, "invalid_request"),
+    # an empty question is the same error whether it is "" or blank, on every route
+    ("POST", "/v1/answer", {"question": ""}, None, None, 422, "empty_question"),
+    ("POST", "/v1/answer", {"question": "   "}, None, None, 422, "empty_question"),
+    ("POST", "/v1/advise", {"question": ""}, None, None, 422, "empty_question"),
+    ("GET", "/v1/advise/curve", None, {"question": ""}, None, 422, "empty_question"),
+    ("POST", "/v1/retrieve", {"query": ""}, None, None, 422, "empty_query"),
+    # unknown fields are refused, not silently ignored (a typo would otherwise change nothing)
+    ("POST", "/v1/answer", {"question": Q, "ttft_budget": 500}, None, None, 422, "invalid_request"),
+    ("POST", "/v1/advise", {"question": Q, "bogus": 1}, None, None, 422, "invalid_request"),
+    ("POST", "/v1/retrieve", {"query": Q, "include_text": True}, None, None, 422, "invalid_request"),
 ]
 
 
@@ -100,6 +110,10 @@ ACCEPTED = [
     ("GET", "/v1/advise/curve", None, {"question": Q, "k_max": 4, "ttft_budget_ms": 10_000}),
     ("POST", "/v1/chat/completions", chat(max_tokens=8, ttft_budget_ms=5), None),
     ("POST", "/v1/retrieve", {"query": "q" * 100, "k": 4}, None),
+    # the budget is optional everywhere: the configured default applies
+    ("POST", "/v1/advise", {"question": Q}, None),
+    # OpenAI clients send fields ragbudget does not use; the chat route accepts them
+    ("POST", "/v1/chat/completions", chat(presence_penalty=0.0, user="u1"), None),
 ]
 
 
@@ -132,6 +146,13 @@ def test_streamed_body_over_max_body_bytes_is_413(limited: KeyedApp) -> None:
 def test_body_limit_applies_before_authentication(limited: KeyedApp) -> None:
     r = limited.client.post("/v1/answer", content=b"x" * 20_001, headers={"Content-Type": "application/json"})
     assert r.status_code == 413
+
+
+@pytest.mark.parametrize("raw", [b'{"question": "vacuum", ', b"not json", b'{"question": "a",}'])
+def test_body_that_is_not_json_is_400_malformed_body(limited: KeyedApp, raw: bytes) -> None:
+    r = limited.client.post("/v1/answer", content=raw, headers={**limited.headers("admin"),
+                                                                "Content-Type": "application/json"})
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "malformed_body"), r.text
 
 
 def test_unparseable_body_is_a_4xx_with_a_code(limited: KeyedApp) -> None:

@@ -11,14 +11,15 @@ from foundation.errors import InvalidInput, TooLarge
 def test_metrics_count_budget_misses_and_tokens():
     m = AnswerMetrics()
     m.observe({"status": "ok", "ttft_budget_ms": 100, "timings": {"ttft_ms": 150, "tpot_ms": 20},
-               "tokens": {"prompt": 300, "cached": 100, "computed": 200}})
+               "tokens": {"prompt": 300, "cached": 100, "computed": 200, "output": 64}})
     m.observe({"status": "cancelled", "ttft_budget_ms": 100, "timings": {"ttft_ms": 50},
-               "tokens": {"prompt": 10, "cached": 0, "computed": 10}})
+               "tokens": {"prompt": 10, "cached": 0, "computed": 10, "output": 3}})
     text = m.render().decode()
     assert "ragbudget_budget_misses_total 1.0" in text
     assert 'ragbudget_answers_total{status="cancelled"} 1.0' in text
     assert 'ragbudget_prompt_tokens_total{kind="computed"} 210.0' in text
     assert "ragbudget_ttft_ms_count 2.0" in text
+    assert "ragbudget_output_tokens_total 67.0" in text
 
 
 @pytest.mark.parametrize("budget", [0, -5, math.inf, math.nan, 10**9])

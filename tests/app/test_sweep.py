@@ -3,7 +3,15 @@ from pathlib import Path
 
 import pytest
 
-from app.sweep import SweepRow, bookindex_questions, load_labels, load_questions, summarise, write_outputs
+from app.sweep import (
+    SweepRow,
+    apply_labels,
+    bookindex_questions,
+    load_labels,
+    load_questions,
+    summarise,
+    write_outputs,
+)
 from foundation.errors import InvalidInput
 from retrieval.bookindex import parse_bookindex
 
@@ -42,6 +50,21 @@ def test_questions_and_labels_files(tmp_path):
         load_questions(tmp_path / "empty.json")
     (tmp_path / "l.json").write_text(json.dumps({"a": ["p.html"]}))
     assert load_labels(tmp_path / "l.json") == {"a": {"p.html"}}
+    for bad in ("{not json", '["a"]', '{"a": "p.html"}'):
+        (tmp_path / "bad.json").write_text(bad)
+        with pytest.raises(InvalidInput) as exc:
+            load_labels(tmp_path / "bad.json")
+        assert exc.value.code == "invalid_labels"
+
+
+def test_labels_match_by_id_then_text_and_report_the_unmatched():
+    qs = [{"id": "a", "question": "first?"}, {"id": "b", "question": "second?"}]
+    unmatched = apply_labels(qs, {"a": {"p.html"}, "second?": {"q.html", "r.html"}, "typo?": {"x"}})
+    assert qs[0]["relevant"] == ["p.html"] and qs[1]["relevant"] == ["q.html", "r.html"]
+    assert unmatched == ["typo?"]
+    with pytest.raises(InvalidInput) as exc:
+        apply_labels([{"id": "c", "question": "third?"}], {"typo?": {"x"}})
+    assert exc.value.code == "invalid_labels"
 
 
 def _row(q, k, measured, rel):
