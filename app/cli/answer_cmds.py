@@ -40,7 +40,7 @@ def render_summary(s: dict[str, Any]) -> str:
     p, t, tok = s["predicted"], s["timings"], s["tokens"]
     cites = ", ".join(f"[{i + 1}] {c['document_id']} v{c['version']}" for i, c in enumerate(s["citations"]))
     miss = ""
-    if t.get("ttft_ms") is not None and t["ttft_ms"] > s["ttft_budget_ms"]:
+    if s.get("within_budget") is False:
         miss = f" | OVER BUDGET by {t['ttft_ms'] - s['ttft_budget_ms']:.0f} ms"
     return "\n".join([
         f"status {s['status']} | k={s['chosen_k']} ({s['binding']}) | budget {_fmt(s['ttft_budget_ms'])}",

@@ -120,6 +120,7 @@ def test_ask_summary_flags_a_budget_miss_and_not_a_kept_budget():
 
     def summary(ttft_ms: float) -> dict[str, Any]:
         return {"status": "ok", "chosen_k": 1, "binding": "budget", "ttft_budget_ms": 800.0,
+                "within_budget": ttft_ms <= 800.0,
                 "predicted": {"ttft_p50_ms": 500.0, "ttft_p95_ms": 600.0, "profile_source": "fitted"},
                 "timings": {"ttft_ms": ttft_ms, "queue_ms": 0.0, "retrieval_ms": 20.0, "tpot_ms": 40.0},
                 "tokens": {"prompt": 200, "cached": 80, "computed": 120, "output": 8},
