@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 from sqlalchemy import Engine, select
 
 from app.models import ApiKey
+from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
-from retrieval.db import LOCK_RECEIPTS, read_session, write_transaction
 
 ROLES = ("copilot", "operator", "admin")
 _RANK = {r: i for i, r in enumerate(ROLES)}
@@ -60,7 +60,7 @@ def create_key(engine: Engine, role: str, name: str = "") -> tuple[Principal, st
     key_id = secrets.token_hex(8)
     secret = secrets.token_urlsafe(32)
     salt = secrets.token_hex(16)
-    with write_transaction(engine, LOCK_RECEIPTS) as s:
+    with write_transaction(engine, WriterLock.KEYS) as s:
         s.add(ApiKey(id=key_id, name=name or role, role=role, salt=salt,
                      key_hash=_hash_secret(secret, salt), created_at=_now()))
     return Principal(key_id, name or role, role), f"rb_{key_id}_{secret}"
@@ -86,7 +86,7 @@ def revoke_key(engine: Engine, key_id: str) -> None:
     Raises:
         NotFound: no such key id.
     """
-    with write_transaction(engine, LOCK_RECEIPTS) as s:
+    with write_transaction(engine, WriterLock.KEYS) as s:
         row = s.get(ApiKey, key_id)
         if row is None:
             raise NotFound(f"no API key {key_id!r}", code="unknown_key")

@@ -9,7 +9,7 @@ from alembic.config import Config
 from sqlalchemy import Engine
 
 from app.settings import Settings
-from retrieval.db import is_sqlite, make_engine
+from foundation.db import is_sqlite, make_engine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 

@@ -24,11 +24,10 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 
 from app.models import LatencyProfileRow
+from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import InvalidInput, RagBudgetError, UnknownProfile
 from latency_model.profile import Profile
-from retrieval.db import read_session, write_transaction
 
-LOCK_PROFILES = 0x7261670003  # advisory-lock key for profile writes on PostgreSQL
 ProfileKey = tuple[str, str, str, str, int | None]
 
 _PARSED: dict[str, Profile] = {}  # id -> verified profile (content-addressed, so never stale)
@@ -80,7 +79,7 @@ def _write_file(directory: Path, profile: Profile, text: str) -> Path:
 
 def _insert_row(engine: Engine, profile: Profile, text: str) -> None:
     try:
-        with write_transaction(engine, LOCK_PROFILES) as session:
+        with write_transaction(engine, WriterLock.PROFILES) as session:
             if session.get(LatencyProfileRow, profile.id) is None:
                 session.add(LatencyProfileRow(
                     id=profile.id, device=profile.device_name, model_id=profile.model_id,

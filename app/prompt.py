@@ -29,9 +29,9 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 
 from app.models import Scaffold
+from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import EmptyContent, InvalidConfig, NotFound
 from foundation.hashing import normalize_text, sha256_ints, sha256_text
-from retrieval.db import read_session, write_transaction
 from retrieval.tokens import TextTokenizer
 
 DEFAULT_SCAFFOLD_NAME = "default"
@@ -69,7 +69,7 @@ def ensure_scaffold(engine: Engine, name: str, text: str) -> Scaffold:
     if found is not None:
         return found
     try:
-        with write_transaction(engine) as session:
+        with write_transaction(engine, WriterLock.SCAFFOLDS) as session:
             row = session.scalar(select(Scaffold).where(Scaffold.hash == digest))
             if row is None:
                 row = Scaffold(name=name, hash=digest, text=norm,

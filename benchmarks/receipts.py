@@ -41,12 +41,12 @@ from sqlalchemy import Engine, insert  # noqa: E402
 
 from app.db import open_database  # noqa: E402
 from app.settings import get_settings  # noqa: E402
+from foundation.db import WriterLock, write_transaction  # noqa: E402
 from foundation.hashing import canonical_json, sha256_bytes, sha256_ints, sha256_text  # noqa: E402
 from receipts.chain import GENESIS, _document_versions, append_receipt, verify_chain  # noqa: E402
 from receipts.models import ReceiptDocument, ReceiptRow  # noqa: E402
 from receipts.replay import replay  # noqa: E402
 from receipts.schema import FORMAT_VERSION, build_receipt_body  # noqa: E402
-from retrieval.db import write_transaction  # noqa: E402
 from tests.receipts.bodies import candidate, sections  # noqa: E402
 
 
@@ -92,7 +92,7 @@ def bulk_chain(engine: Engine, n: int, batch: int = 5000) -> float:
     t0 = time.perf_counter()
     template = realistic_body()
     prev = GENESIS
-    with write_transaction(engine) as session:
+    with write_transaction(engine, WriterLock.RECEIPTS) as session:
         for start in range(1, n + 1, batch):
             rows, docs = [], []
             for seq in range(start, min(n, start + batch - 1) + 1):

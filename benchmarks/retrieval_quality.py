@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from sqlalchemy import func, select
 
-            from retrieval.db import read_session
+            from foundation.db import read_session
             from retrieval.models import Revision
 
             with read_session(services.engine) as s:

@@ -209,8 +209,8 @@ def fill_synthetic(engine: Any, embedder_id: str, dim: int, n_chunks: int, seed:
     """Revision 1: ``n_chunks`` chunks in documents of 100; revision 2 replaces 10% of the documents."""
     from sqlalchemy import insert, update
 
+    from foundation.db import WriterLock, write_transaction
     from foundation.hashing import sha256_text
-    from retrieval.db import write_transaction
     from retrieval.embedding import ensure_embedder_record
     from retrieval.models import Chunk, Document, DocumentVersion, Embedding, Revision
 
@@ -238,7 +238,7 @@ def fill_synthetic(engine: Any, embedder_id: str, dim: int, n_chunks: int, seed:
                          "vector": vecs[j].astype("<f4").tobytes()})
         return crow, erow
 
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.CORPUS) as s:
         ensure_embedder_record(s, _Rec())  # type: ignore[arg-type]
         s.execute(insert(Revision), [{"number": 1, "created_at": now, "root_hash": "sha256:" + "1" * 64,
                                       "live_documents": n_docs}])
@@ -250,7 +250,7 @@ def fill_synthetic(engine: Any, embedder_id: str, dim: int, n_chunks: int, seed:
             crow, erow = chunks_for(d, 1, d + 1, (d + 1) * 1000)
             s.execute(insert(Chunk), crow)
             s.execute(insert(Embedding), erow)
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.CORPUS) as s:
         changed = list(range(0, n_docs, 10))
         s.execute(insert(Revision), [{"number": 2, "created_at": now, "root_hash": "sha256:" + "2" * 64,
                                       "live_documents": n_docs}])

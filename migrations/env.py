@@ -7,7 +7,7 @@ from alembic import context
 import app.models  # noqa: F401  (registers tables)
 import receipts.models  # noqa: F401
 import retrieval.models  # noqa: F401
-from retrieval.db import Base, make_engine
+from foundation.db import Base, make_engine
 
 config = context.config
 target_metadata = Base.metadata

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, exists, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import Conflict, IntegrityFailure, InvalidInput, UnknownReceipt
 from foundation.hashing import canonical_json, sha256_json
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.schema import CHAIN_FIELDS, FORMAT_VERSION, STATUSES, validate_body
-from retrieval.db import LOCK_RECEIPTS, read_session, write_transaction
 
 if TYPE_CHECKING:
     from receipts.verify import VerifyReport
@@ -102,7 +102,7 @@ def append_receipt(engine: Engine, body: dict[str, Any], *, max_attempts: int = 
     last_exc: Exception | None = None
     for attempt in range(max_attempts):
         try:
-            with write_transaction(engine, LOCK_RECEIPTS) as session:
+            with write_transaction(engine, WriterLock.RECEIPTS) as session:
                 head = session.execute(
                     select(ReceiptRow.seq, ReceiptRow.hash, ReceiptRow.created_at)
                     .order_by(ReceiptRow.seq.desc()).limit(1)

@@ -14,8 +14,8 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
+from foundation.db import read_session
 from receipts.schema import cited_candidates
-from retrieval.db import read_session
 from retrieval.models import DocumentVersion, Revision
 
 STATES = ("current", "superseded", "deleted", "unknown")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import ForeignKey, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from retrieval.db import Base
+from foundation.db import Base
 from retrieval.models import HASH_LEN
 
 

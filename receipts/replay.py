@@ -31,12 +31,12 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
+from foundation.db import read_session
 from foundation.errors import RagBudgetError
 from receipts.chain import GENESIS, get_receipt_row, parse_body, receipt_hash
 from receipts.freshness import freshness, render_freshness
 from receipts.models import ReceiptRow
 from receipts.stored import stored_hits
-from retrieval.db import read_session
 from retrieval.models import Revision
 
 RebuildPrompt = Callable[[dict[str, Any], list[Any]], tuple[str, int]]

@@ -13,9 +13,9 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
+from foundation.db import read_session
 from foundation.hashing import sha256_text
 from receipts.schema import cited_candidates
-from retrieval.db import read_session
 from retrieval.models import Chunk, DocumentVersion
 
 

@@ -33,11 +33,11 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
+from foundation.db import read_session
 from foundation.errors import IntegrityFailure
 from receipts.chain import GENESIS, _document_versions, parse_body, receipt_hash
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.schema import FORMAT_VERSION
-from retrieval.db import read_session
 
 KINDS = ("edited", "hash_mismatch", "broken_link", "missing", "reordered")
 WINDOW = 4096  # how far back (in seq) a reordered receipt's predecessor is looked up

@@ -19,7 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from retrieval.db import Base
+from foundation.db import Base
 
 HASH_LEN = 71  # "sha256:" + 64 hex
 

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine, bindparam, or_, select
 
+from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import IntegrityFailure, InvalidInput, UnknownRevision
-from retrieval.db import read_session, write_transaction
 from retrieval.embedding import Embedder, compute_missing, insert_embeddings
 from retrieval.index import INDEX_FORMAT, IndexMeta, Selection, VectorIndex, index_params
 from retrieval.models import Chunk, DocumentVersion, Embedding, Revision
@@ -325,7 +325,7 @@ class Retriever:
             if not pairs:
                 return 0
             vectors = compute_missing(session, self.embedder, pairs)
-        with write_transaction(self.engine) as session:
+        with write_transaction(self.engine, WriterLock.CORPUS) as session:
             return insert_embeddings(session, self.embedder, vectors)
 
     def _stats(self, action: str, **extra: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Reading the store: revisions, the live state at any revision, documents and their versions.
 
-All functions take an open SQLAlchemy ``Session`` (``retrieval.db.read_session``
+All functions take an open SQLAlchemy ``Session`` (``foundation.db.read_session``
 or a write transaction) and never write. Liveness follows
 ``retrieval.models.DocumentVersion``: a version row is live at revision R iff
 ``live_from_revision <= R`` and (``live_until_revision`` is NULL or ``> R``)

@@ -5,7 +5,7 @@ A batch runs in two phases:
 1. *Prepare* (no write lock held): validate and extract every item, normalise
    the text, hash it, chunk it when it differs from the live version, and
    compute missing embeddings. This is the slow part.
-2. *Commit* (``retrieval.db.write_transaction``, serialised across processes):
+2. *Commit* (``foundation.db.write_transaction``, serialised across processes):
    re-read the head, diff against it, and insert documents, versions,
    tombstones, chunks, embeddings and the new ``Revision`` row. Everything
    commits together or nothing does; a batch that changes nothing creates no
@@ -30,10 +30,10 @@ from typing import Any
 from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.orm import Session
 
+from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import InvalidInput, RagBudgetError, TooLarge
 from foundation.hashing import canonical_json, sha256_bytes, sha256_text
 from retrieval.chunking import ChunkerConfig, ChunkSpan, chunk_id, chunk_text, chunker_id
-from retrieval.db import read_session, write_transaction
 from retrieval.extract import check_kind, check_text, extract_text, finish_text
 from retrieval.models import Chunk, Document, DocumentVersion, Revision
 from retrieval.revisions import (  # noqa: F401  (re-exported API)
@@ -309,7 +309,7 @@ def ingest_batch(
                 vectors = compute_missing(s, embedder, pairs, progress=bool(progress))
     t_embedded = time.perf_counter()
 
-    with write_transaction(engine) as session:
+    with write_transaction(engine, WriterLock.CORPUS) as session:
         report = _commit(session, prepared, deletes, results, n_items, cid=cid, tokenizer=tokenizer,
                          chunker_config=chunker_config, embed_token_count=embed_token_count,
                          embedder=embedder, vectors=vectors, note=note)

@@ -35,8 +35,8 @@ def main() -> int:
     from app.cli.corpus_cmds import SHARED_CORPORA
     from app.db import open_database
     from app.settings import get_settings
+    from foundation.db import read_session
     from retrieval.corpus import fetch_postgres_docs
-    from retrieval.db import read_session
     from retrieval.models import Chunk, Document, DocumentVersion, Revision
     from retrieval.store import PAUSE_ENV, PAUSE_MARKER_ENV, latest_revision, verify_store
 

@@ -186,7 +186,7 @@ def delete_document(document_id: str, services: Services = Depends(get_services)
 def get_document_version(document_id: str, version: int = Path(..., ge=1, le=_INT32),
                          services: Services = Depends(get_services)) -> VersionPublic:
     """One version with its text. 404 ``unknown_document`` / ``unknown_version``."""
-    from retrieval.db import read_session
+    from foundation.db import read_session
     from retrieval.store import get_version
 
     with read_session(services.engine) as s:
@@ -198,7 +198,7 @@ def get_document_version(document_id: str, version: int = Path(..., ge=1, le=_IN
 def list_document_versions(document_id: str,
                            services: Services = Depends(get_services)) -> list[VersionPublic]:
     """Every version and tombstone, oldest first, without text. 404 ``unknown_document``."""
-    from retrieval.db import read_session
+    from foundation.db import read_session
     from retrieval.store import list_versions
 
     with read_session(services.engine) as s:
@@ -210,7 +210,7 @@ def list_document_versions(document_id: str,
 def get_document(document_id: str, services: Services = Depends(get_services)) -> DocumentPublic:
     """A document and its current version's text (``current: null`` once deleted).
     404 ``unknown_document``."""
-    from retrieval.db import read_session
+    from foundation.db import read_session
     from retrieval.store import get_document as get_doc
 
     with read_session(services.engine) as s:
@@ -221,7 +221,7 @@ def get_document(document_id: str, services: Services = Depends(get_services)) -
 def list_revisions(limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0, le=_INT32),
                    services: Services = Depends(get_services)) -> RevisionPage:
     """Revisions, newest first, paged by ``limit``/``offset``."""
-    from retrieval.db import read_session
+    from foundation.db import read_session
     from retrieval.store import latest_revision
     from retrieval.store import list_revisions as list_revs
 
@@ -236,7 +236,7 @@ def list_revisions(limit: int = Query(100, ge=1, le=1000), offset: int = Query(0
 def get_revision(number: int = Path(..., ge=1, le=_INT32),
                  services: Services = Depends(get_services)) -> RevisionDetailPublic:
     """One revision with its live documents (id, version, content hash). 404 ``unknown_revision``."""
-    from retrieval.db import read_session
+    from foundation.db import read_session
     from retrieval.store import get_revision as get_rev
     from retrieval.store import state_at
 

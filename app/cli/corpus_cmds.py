@@ -146,8 +146,8 @@ def _render_report(p: dict[str, Any]) -> str:
 
 
 def cmd_ingest(args: argparse.Namespace, services: Any) -> int:
+    from foundation.db import read_session
     from retrieval.chunking import ChunkerConfig
-    from retrieval.db import read_session
     from retrieval.store import ingest_batch, latest_revision, state_at
 
     settings = services.settings
@@ -191,7 +191,7 @@ def cmd_fetch(args: argparse.Namespace, services: Any) -> int:
 # --- revisions and documents --------------------------------------------------------------------------
 
 def cmd_revisions_list(args: argparse.Namespace, services: Any) -> int:
-    from retrieval.db import read_session
+    from foundation.db import read_session
     from retrieval.store import list_revisions
 
     with read_session(services.engine) as s:
@@ -211,7 +211,7 @@ def cmd_revisions_list(args: argparse.Namespace, services: Any) -> int:
 
 
 def cmd_revisions_show(args: argparse.Namespace, services: Any) -> int:
-    from retrieval.db import read_session
+    from foundation.db import read_session
     from retrieval.store import get_revision, latest_revision, state_at
 
     with read_session(services.engine) as s:
@@ -231,7 +231,7 @@ def cmd_revisions_show(args: argparse.Namespace, services: Any) -> int:
 
 
 def cmd_revisions_verify(args: argparse.Namespace, services: Any) -> int:
-    from retrieval.db import read_session
+    from foundation.db import read_session
     from retrieval.store import latest_revision, verify_store
 
     with read_session(services.engine) as s:
@@ -244,7 +244,7 @@ def cmd_revisions_verify(args: argparse.Namespace, services: Any) -> int:
 
 
 def cmd_documents_show(args: argparse.Namespace, services: Any) -> int:
-    from retrieval.db import read_session
+    from foundation.db import read_session
     from retrieval.store import get_document, get_version
 
     with read_session(services.engine) as s:
@@ -268,7 +268,7 @@ def cmd_documents_show(args: argparse.Namespace, services: Any) -> int:
 
 
 def cmd_documents_versions(args: argparse.Namespace, services: Any) -> int:
-    from retrieval.db import read_session
+    from foundation.db import read_session
     from retrieval.store import list_versions
 
     with read_session(services.engine) as s:

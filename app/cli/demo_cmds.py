@@ -87,7 +87,7 @@ def _ingest(services: Any, state: DemoState, version: str) -> None:
                          f"postgresql-doc-15 {version}"])
     if rc != 0:
         raise SystemExit(f"ingest of {version} failed (exit {rc})")
-    from retrieval.db import read_session
+    from foundation.db import read_session
     from retrieval.store import latest_revision
 
     with read_session(services.engine) as s:

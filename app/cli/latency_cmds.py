@@ -43,7 +43,7 @@ def scaffold_sizes(services: Any) -> list[int]:
 
         from app.models import Scaffold
         from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder
-        from retrieval.db import read_session
+        from foundation.db import read_session
 
         builder = PromptBuilder.for_generator(services.generator)
         with read_session(services.engine) as session:

@@ -111,7 +111,7 @@ def answer_services(tmp_path_factory: pytest.TempPathFactory, pg_html: Path,
 
 @pytest.fixture(scope="session")
 def corpus(answer_services: Any) -> Corpus:
-    from retrieval.db import read_session
+    from foundation.db import read_session
     from retrieval.store import latest_revision
 
     with read_session(answer_services.engine) as s:

@@ -3,8 +3,8 @@ from sqlalchemy import select
 
 from app.auth import authenticate, create_key, list_keys, require, revoke_key
 from app.models import ApiKey
+from foundation.db import read_session
 from foundation.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
-from retrieval.db import read_session
 
 
 def test_key_is_stored_only_as_salted_hash(engine):

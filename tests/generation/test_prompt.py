@@ -19,9 +19,9 @@ from app.prompt import (
     ensure_scaffold,
     get_scaffold,
 )
+from foundation.db import read_session
 from foundation.errors import EmptyContent
 from foundation.hashing import sha256_ints, sha256_text
-from retrieval.db import read_session
 from tests.conftest import CASES
 
 BOUNDARY = json.loads((CASES / "prefix_boundary_cases.json").read_text())["cases"]

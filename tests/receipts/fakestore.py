@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine, select, update
 
+from foundation.db import WriterLock, read_session, write_transaction
 from foundation.hashing import sha256_ints, sha256_json, sha256_text
 from receipts.schema import build_receipt_body
-from retrieval.db import read_session, write_transaction
 from retrieval.models import Chunk, Document, DocumentVersion, Revision
 from tests.receipts.bodies import sections
 
@@ -51,7 +51,7 @@ def _version(s: Any, doc: str, version: int, rev: int, chunk_ids: list[int], tom
 
 
 def make_revision_1(engine: Engine) -> None:
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.CORPUS) as s:
         _revision(s, 1)
         for doc in ("doc-a", "doc-b", "doc-c"):
             s.add(Document(id=doc, created_revision=1))
@@ -62,7 +62,7 @@ def make_revision_1(engine: Engine) -> None:
 
 
 def make_revisions_2_3(engine: Engine) -> None:
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.CORPUS) as s:
         _revision(s, 2)
         s.execute(update(DocumentVersion).where(DocumentVersion.document_id == "doc-a",
                                                 DocumentVersion.version == 1).values(live_until_revision=2))

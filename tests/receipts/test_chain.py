@@ -4,6 +4,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.db import open_database
+from foundation.db import read_session
 from foundation.errors import InvalidInput, UnknownReceipt
 from foundation.hashing import canonical_json
 from receipts.chain import (
@@ -17,7 +18,6 @@ from receipts.chain import (
 )
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.schema import FORMAT_VERSION
-from retrieval.db import read_session
 from tests.receipts.bodies import body, candidate
 
 

@@ -12,9 +12,9 @@ from app.auth import create_key
 from app.cli.main import main
 from app.services import Services
 from app.settings import get_settings
+from foundation.db import WriterLock, write_transaction
 from receipts.chain import append_receipt
 from receipts.models import ReceiptRow
-from retrieval.db import write_transaction
 from tests.receipts.fakestore import (
     FakeRetriever,
     answer_body,
@@ -51,7 +51,7 @@ def test_cli_verify_ok_exits_zero(store, capsys):
 
 
 def test_cli_verify_tampered_exits_nonzero_and_locates(store, engine, capsys):
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.RECEIPTS) as s:
         s.execute(update(ReceiptRow).where(ReceiptRow.seq == 2).values(hash="sha256:" + "f" * 64))
     code, out = _run(capsys, "receipts", "verify", "--json")
     assert code == 4

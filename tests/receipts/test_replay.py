@@ -5,12 +5,12 @@ import json
 import pytest
 from sqlalchemy import delete, select, update
 
+from foundation.db import WriterLock, write_transaction
 from foundation.errors import UnknownReceipt
 from foundation.hashing import canonical_json, sha256_ints
 from receipts.chain import append_receipt
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.replay import replay
-from retrieval.db import write_transaction
 from retrieval.models import Chunk, Revision
 from tests.receipts.fakestore import (
     FakeRetriever,
@@ -62,7 +62,7 @@ def test_changed_score_fails_retrieval_at_its_rank(engine, answered):
 
 
 def test_changed_root_hash_fails_corpus_root(engine, answered):
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.RECEIPTS) as s:
         s.execute(update(Revision).where(Revision.number == 1).values(root_hash="sha256:" + "9" * 64))
     report = replay(engine, answered, retriever=FakeRetriever(engine), rebuild_prompt=rebuild_prompt)
     assert _statuses(report)["corpus_root"] == "failed" and not report.ok
@@ -83,7 +83,7 @@ def test_different_prompt_fails_with_expected_and_actual_hash(engine, answered):
 
 
 def test_tampered_stored_chunk_fails_and_skips_the_prompt(engine, answered):
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.RECEIPTS) as s:
         s.execute(update(Chunk).where(Chunk.id == 1001).values(text="tampered"))
     report = replay(engine, answered, retriever=None, rebuild_prompt=rebuild_prompt)
     assert _statuses(report)["stored_chunks"] == "failed"
@@ -98,7 +98,7 @@ def test_missing_hooks_are_skipped_not_failed(engine, answered):
 
 
 def test_edited_receipt_fails_its_hash_check(engine, answered):
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.RECEIPTS) as s:
         row = s.scalars(select(ReceiptRow).where(ReceiptRow.id == answered)).one()
         b = json.loads(row.body)
         b["question"] = "something else"
@@ -110,7 +110,7 @@ def test_edited_receipt_fails_its_hash_check(engine, answered):
 def test_missing_previous_receipt_fails_the_link_check(engine, answered):
     retriever = FakeRetriever(engine)
     second = append_receipt(engine, answer_body(retriever, revision=1))
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.RECEIPTS) as s:
         s.execute(delete(ReceiptDocument).where(ReceiptDocument.receipt_seq == 1))
         s.execute(delete(ReceiptRow).where(ReceiptRow.seq == 1))
     check = replay(engine, second.id, retriever=None, rebuild_prompt=None).check("chain_link")

@@ -4,10 +4,10 @@ import json
 
 from sqlalchemy import delete, select, update
 
+from foundation.db import WriterLock, write_transaction
 from foundation.hashing import canonical_json
 from receipts.chain import append_receipt, receipt_hash, verify_chain
 from receipts.models import ReceiptDocument, ReceiptRow
-from retrieval.db import write_transaction
 from tests.receipts.bodies import body
 
 
@@ -17,7 +17,7 @@ def _chain(engine, n=5):
 
 def _rewrite(engine, seq, edit, *, rehash=False, set_column=True):
     """Apply ``edit(body)`` to receipt ``seq``'s stored body (optionally recomputing its hash)."""
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.RECEIPTS) as s:
         row = s.scalars(select(ReceiptRow).where(ReceiptRow.seq == seq)).one()
         b = json.loads(row.body)
         edit(b)
@@ -62,7 +62,7 @@ def test_changed_score_is_located(engine):
 def test_replaced_hash_column_is_located(engine):
     stored = _chain(engine)
     fake = "sha256:" + "f" * 64
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.RECEIPTS) as s:
         s.execute(update(ReceiptRow).where(ReceiptRow.seq == 4).values(hash=fake))
     report = verify_chain(engine)
     assert _kinds(report) == [("hash_mismatch", 4)]
@@ -77,7 +77,7 @@ def test_rewritten_receipt_with_recomputed_hash_breaks_the_next_link(engine):
 
 def test_deleted_receipt_is_located(engine):
     _chain(engine)
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.RECEIPTS) as s:
         s.execute(delete(ReceiptDocument).where(ReceiptDocument.receipt_seq == 3))
         s.execute(delete(ReceiptRow).where(ReceiptRow.seq == 3))
     report = verify_chain(engine)
@@ -86,7 +86,7 @@ def test_deleted_receipt_is_located(engine):
 
 def test_deleted_tail_is_caught_by_an_anchored_head(engine):
     stored = _chain(engine)
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.RECEIPTS) as s:
         s.execute(delete(ReceiptDocument).where(ReceiptDocument.receipt_seq == 5))
         s.execute(delete(ReceiptRow).where(ReceiptRow.seq == 5))
     assert verify_chain(engine).ok  # a cut tail leaves no gap ...
@@ -97,7 +97,7 @@ def test_deleted_tail_is_caught_by_an_anchored_head(engine):
 def test_reordered_pair_is_located(engine):
     _chain(engine)
     cols = ("id", "created_at", "status", "prev_hash", "hash", "body")
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.RECEIPTS) as s:
         a, b = (s.scalars(select(ReceiptRow).where(ReceiptRow.seq == n)).one() for n in (2, 3))
         va, vb = ({c: getattr(r, c) for c in cols} for r in (a, b))
         # move the unique columns out of the way first, then swap
@@ -113,7 +113,7 @@ def test_reordered_pair_is_located(engine):
 
 def test_edited_status_column_is_located(engine):
     _chain(engine)
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.RECEIPTS) as s:
         s.execute(update(ReceiptRow).where(ReceiptRow.seq == 1).values(status="failed"))
     report = verify_chain(engine)
     assert _kinds(report) == [("edited", 1)]
@@ -122,7 +122,7 @@ def test_edited_status_column_is_located(engine):
 
 def test_tampered_document_index_is_located(engine):
     _chain(engine)
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.RECEIPTS) as s:
         s.execute(delete(ReceiptDocument).where(ReceiptDocument.receipt_seq == 2,
                                                 ReceiptDocument.document_id == "doc-b"))
     assert _kinds(verify_chain(engine)) == [("edited", 2)]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from foundation.db import make_engine
 from receipts.chain import append_receipt
-from retrieval.db import make_engine
 from tests.receipts.bodies import body
 
 

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Engine, func, select
 
+from foundation.db import WriterLock, write_transaction
 from foundation.hashing import normalize_text, sha256_json, sha256_text
-from retrieval.db import write_transaction
 from retrieval.embedding import Embedder, compute_missing, insert_embeddings
 from retrieval.models import Chunk, Document, DocumentVersion, Revision
 
@@ -44,7 +44,7 @@ class FixtureCorpus:
 
         ``ids`` optionally fixes the chunk id of a single-chunk document (for tie tests).
         """
-        with write_transaction(self.engine) as s:
+        with write_transaction(self.engine, WriterLock.CORPUS) as s:
             rev = int(s.execute(select(func.coalesce(func.max(Revision.number), 0))).scalar_one()) + 1
             row = Revision(number=rev, created_at=datetime.now(UTC).isoformat(), root_hash="pending",
                            live_documents=0)

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from retrieval.db import make_engine
+from foundation.db import make_engine
 from retrieval.retriever import Retriever
 
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from sqlalchemy import Engine, func, select
 
+from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import InvalidInput
-from retrieval.db import read_session, write_transaction
 from retrieval.embedding import compute_missing, insert_embeddings, vector_from_bytes
 from retrieval.models import EmbedderRecord, Embedding
 from tests.retrieval.corpus import FixtureCorpus
@@ -26,7 +26,7 @@ def test_compute_missing_embeds_each_hash_once_in_hash_order(
 
 
 def test_compute_missing_skips_hashes_already_stored(engine: Engine, fake_embedder: HashingEmbedder) -> None:
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.CORPUS) as s:
         insert_embeddings(s, fake_embedder, compute_missing(s, fake_embedder, [("sha256:a", "ay")]))
     with read_session(engine) as s:
         out = compute_missing(s, fake_embedder, [("sha256:a", "ay"), ("sha256:c", "sea")])
@@ -36,9 +36,9 @@ def test_compute_missing_skips_hashes_already_stored(engine: Engine, fake_embedd
 def test_insert_embeddings_stores_little_endian_float32_and_the_embedder_record(
         engine: Engine, fake_embedder: HashingEmbedder) -> None:
     vec = fake_embedder.embed_documents(["pump"])[0]
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.CORPUS) as s:
         assert insert_embeddings(s, fake_embedder, {"sha256:p": vec}) == 1
-    with write_transaction(engine) as s:
+    with write_transaction(engine, WriterLock.CORPUS) as s:
         assert insert_embeddings(s, fake_embedder, {"sha256:p": vec * 0}) == 0  # never overwritten
     with read_session(engine) as s:
         row = s.get(Embedding, ("sha256:p", fake_embedder.embedder_id))
@@ -51,7 +51,7 @@ def test_insert_embeddings_stores_little_endian_float32_and_the_embedder_record(
 
 def test_insert_embeddings_rejects_a_vector_of_the_wrong_shape(
         engine: Engine, fake_embedder: HashingEmbedder) -> None:
-    with pytest.raises(InvalidInput), write_transaction(engine) as s:
+    with pytest.raises(InvalidInput), write_transaction(engine, WriterLock.CORPUS) as s:
         insert_embeddings(s, fake_embedder, {"sha256:p": np.zeros(3, np.float32)})
 
 

@@ -10,7 +10,7 @@ from sqlalchemy import Engine, func, select
 
 from app.db import open_database
 from app.settings import Settings
-from retrieval.db import read_session
+from foundation.db import read_session
 from retrieval.index import INDEX_FILE, META_FILE
 from retrieval.models import Embedding
 from retrieval.retriever import Retriever

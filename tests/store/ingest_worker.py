@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from foundation.db import make_engine
 from retrieval.chunking import ChunkerConfig
-from retrieval.db import make_engine
 from retrieval.store import IngestItem, ingest_batch
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
+from foundation.db import read_session
 from foundation.errors import UnknownDocument, UnknownRevision, UnknownVersion
 from foundation.hashing import normalize_text
 from retrieval.chunking import chunk_id
-from retrieval.db import read_session
 from retrieval.models import Chunk, Document, DocumentVersion, Embedding, Revision
 from retrieval.store import (
     IngestItem,

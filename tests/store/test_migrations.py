@@ -6,7 +6,7 @@ import app.models  # noqa: F401
 import receipts.models  # noqa: F401
 import retrieval.models  # noqa: F401
 from app.db import upgrade
-from retrieval.db import Base
+from foundation.db import Base
 
 
 def test_empty_database_migrates_to_head_without_drift(engine):

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
+from foundation.db import read_session
 from retrieval.chunking import ChunkerConfig
-from retrieval.db import read_session
 from retrieval.models import Chunk, Document, DocumentVersion, Revision
 from retrieval.store import PAUSE_ENV, PAUSE_MARKER_ENV, ingest_batch, latest_revision, verify_store
 from tests.store.ingest_worker import WordTokenizer, batch_items

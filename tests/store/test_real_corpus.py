@@ -9,9 +9,9 @@ import pytest
 from app.cli.corpus_cmds import collect
 from app.db import open_database
 from app.settings import get_settings
+from foundation.db import read_session
 from retrieval.chunking import ChunkerConfig
 from retrieval.corpus import deb_name, fetch_postgres_docs
-from retrieval.db import read_session
 from retrieval.store import get_version, ingest_batch, verify_store
 from tests.conftest import CORPORA
 

@@ -1,4 +1,4 @@
-"""Database engine, declarative base and transactions for SQLite and PostgreSQL.
+"""The database ground every room stands on: engine, declarative base, sessions, write transactions.
 
 SQLite (embedded default) is opened in WAL mode with a busy timeout and foreign
 keys on. Write transactions (:func:`write_transaction`) are serialised:
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import IntEnum
 from typing import Any
 
 from sqlalchemy import Engine, MetaData, create_engine, event, text
@@ -24,9 +25,24 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-# Advisory-lock keys on PostgreSQL (any fixed int64 per serialised resource).
-LOCK_CORPUS = 0x7261670001
-LOCK_RECEIPTS = 0x7261670002
+
+
+class WriterLock(IntEnum):
+    """One advisory-lock key per kind of writer (PostgreSQL ``pg_advisory_xact_lock``).
+
+    Writers of one kind queue behind each other; writers of different kinds run
+    concurrently (they touch disjoint tables). On SQLite every write transaction
+    is ``BEGIN IMMEDIATE``, so all writers serialise whatever their kind.
+    The values are arbitrary fixed int64s ("rag" + a small number); they must
+    never change, or an old and a new process would not exclude each other.
+    """
+
+    CORPUS = 0x7261670001      # ingest batches: versions, chunks, embeddings, revisions
+    RECEIPTS = 0x7261670002    # the receipt chain (one head)
+    PROFILES = 0x7261670003    # latency profiles
+    KEYS = 0x7261670004        # API keys
+    SCAFFOLDS = 0x7261670005   # prompt scaffolds
+    MIGRATIONS = 0x7261670006  # schema migrations (app.db.upgrade)
 
 
 class Base(DeclarativeBase):
@@ -88,13 +104,13 @@ def read_session(engine: Engine) -> Iterator[Session]:
 
 
 @contextmanager
-def write_transaction(engine: Engine, lock_key: int = LOCK_CORPUS) -> Iterator[Session]:
+def write_transaction(engine: Engine, lock: WriterLock) -> Iterator[Session]:
     """One serialised write transaction: all of it commits, or none of it.
 
     SQLite: the connection begins with ``BEGIN IMMEDIATE`` (one writer at a
     time; others wait up to the busy timeout). PostgreSQL:
-    ``pg_advisory_xact_lock(lock_key)`` is taken first, released at commit or
-    rollback. Any exception rolls everything back and propagates.
+    ``pg_advisory_xact_lock(lock)`` (one key per writer kind, :class:`WriterLock`)
+    is taken first, released at commit or rollback. Any exception rolls everything back and propagates.
     """
     conn = engine.connect()
     try:
@@ -103,7 +119,7 @@ def write_transaction(engine: Engine, lock_key: int = LOCK_CORPUS) -> Iterator[S
         with Session(bind=conn, expire_on_commit=False) as session:
             session.begin()
             if not is_sqlite(engine):
-                session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": lock_key})
+                session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": int(lock)})
             try:
                 yield session
                 session.commit()
