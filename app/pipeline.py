@@ -27,6 +27,7 @@ from app.metrics import AnswerMetrics
 from app.services import Services
 from app.validation import check_budget, check_k, check_max_new_tokens, check_question
 from foundation.hashing import sha256_ints, sha256_text
+from foundation.provenance import software_versions
 
 log = logging.getLogger("ragbudget.pipeline")
 
@@ -71,21 +72,6 @@ class AnswerEvent:
     kind: str
     text: str = ""
     summary: dict[str, Any] | None = None
-
-
-def software_versions() -> dict[str, str]:
-    """Versions of the libraries that decide outputs (recorded in receipts and profiles)."""
-    import platform
-
-    import faiss
-    import sentence_transformers
-    import torch
-    import transformers
-
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "sentence_transformers": sentence_transformers.__version__,
-            "faiss": getattr(faiss, "__version__", "unknown"), "ragbudget": "0.1.0"}
 
 
 class AnswerPipeline:

@@ -32,6 +32,7 @@ from app.models import Scaffold
 from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import EmptyContent, InvalidConfig, NotFound
 from foundation.hashing import normalize_text, sha256_ints, sha256_text
+from foundation.provenance import utc_now_iso
 from retrieval.tokens import TextTokenizer
 
 DEFAULT_SCAFFOLD_NAME = "default"
@@ -73,7 +74,7 @@ def ensure_scaffold(engine: Engine, name: str, text: str) -> Scaffold:
             row = session.scalar(select(Scaffold).where(Scaffold.hash == digest))
             if row is None:
                 row = Scaffold(name=name, hash=digest, text=norm,
-                               created_at=datetime.now(UTC).isoformat(timespec="microseconds"))
+                               created_at=utc_now_iso())
                 session.add(row)
                 session.flush()
         return row

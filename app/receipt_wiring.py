@@ -2,38 +2,19 @@
 
 ``receipts`` never imports ``app``; what replay needs from here (rebuilding a
 prompt, regenerating) comes from :func:`replay_hooks` below. While the retriever
-is not available, replay still runs the checks it can and marks the others
-``skipped``.
+is not given, replay still runs the checks it can and marks the others ``skipped``.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from app.services import Services
+from foundation.provenance import software_versions
 from receipts.replay import ReplayReport, replay
-
-log = logging.getLogger("ragbudget")
-
-
-def _retriever(services: Services) -> Any:
-    try:
-        return services.retriever
-    except ModuleNotFoundError as exc:  # the retriever is not part of this build yet
-        log.warning("replay without retrieval: %s", exc)
-        return None
-
-
-def _hooks(services: Services) -> tuple[Any, Any]:
-    return replay_hooks(services)
 
 
 def _environment() -> dict[str, Any]:
-    try:
-        from app.pipeline import software_versions
-    except ImportError:
-        return {}
     return {f"software.{k}": v for k, v in software_versions().items()}
 
 
@@ -43,9 +24,9 @@ def replay_receipt(services: Services, receipt_id: str, *, regenerate: bool = Fa
     Raises:
         UnknownReceipt: no receipt has that id.
     """
-    rebuild_prompt, regenerate_hook = _hooks(services)
+    rebuild_prompt, regenerate_hook = replay_hooks(services)
     return replay(
-        services.engine, receipt_id, retriever=_retriever(services), rebuild_prompt=rebuild_prompt,
+        services.engine, receipt_id, retriever=services.retriever, rebuild_prompt=rebuild_prompt,
         regenerate=regenerate_hook if regenerate else None,
         current_environment=_environment() if regenerate else None, want_regenerate=regenerate,
     )
@@ -68,7 +49,6 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
         NotFound: the recorded scaffold is not in the database.
     """
     from app.generation.base import GenParams
-    from app.pipeline import software_versions
     from app.prompt import PromptBuilder, PromptChunk, scaffold_by_hash
     from foundation.errors import NotFound
     from foundation.hashing import sha256_ints

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import unicodedata
+from pathlib import Path
 from typing import Any
 
 from foundation.errors import InvalidInput
@@ -25,6 +26,19 @@ PREFIX = "sha256:"
 def sha256_bytes(data: bytes) -> str:
     """Return ``sha256:<hex>`` of ``data``."""
     return PREFIX + hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path, chunk_bytes: int = 1 << 20) -> str:
+    """Return ``sha256:<hex>`` of a file's bytes, read in ``chunk_bytes`` blocks.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        while block := f.read(chunk_bytes):
+            h.update(block)
+    return PREFIX + h.hexdigest()
 
 
 def normalize_text(text: str) -> str:

@@ -13,17 +13,15 @@ Every raw sample, warm-ups included, is kept in the profile.
 from __future__ import annotations
 
 import math
-import platform
 import random
 import sys
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
-from importlib import metadata
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from foundation.errors import BackendError, InvalidInput
+from foundation.provenance import software_versions, utc_now_iso
 from latency_model.fitting import coverage, finite_or_none, fit_decode, fit_prefill, mape, select_prefill
 from latency_model.profile import Profile
 from latency_model.roofline import build_prior, datasheet_peaks
@@ -195,22 +193,6 @@ def estimate_seconds(grid: CalibrationGrid, profile: Profile, seed: int = 0) -> 
     return total_ms / 1e3
 
 
-def software_versions() -> dict[str, str]:
-    """Versions of Python and the packages a timing depends on (``"absent"`` when not installed)."""
-    out = {"python": platform.python_version()}
-    for pkg in ("ragbudget", "torch", "transformers", "numpy", "scipy"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = "absent"
-    return out
-
-
-def now_iso() -> str:
-    """Current UTC time, ISO 8601 with microseconds."""
-    return datetime.now(UTC).isoformat(timespec="microseconds")
-
-
 def _measure(value: float, what: str) -> float:
     ms = float(value)
     if not math.isfinite(ms) or ms <= 0:
@@ -264,7 +246,7 @@ def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, prog
     retry_budget = len(plan) // 4
     prefill_rows: list[list[Any]] = []
     decode_rows: list[list[Any]] = []
-    started = now_iso()
+    started = utc_now_iso()
     cpu_start = cpu_snapshot()
     bar = tqdm(total=len(plan), desc=f"calibrate ({grid.name})", unit="call", file=sys.stderr,
                disable=not progress, dynamic_ncols=True)
@@ -322,7 +304,7 @@ def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_
     decode_fit = fit_decode(dec[:, 0], dec[:, 1])
     device = str(identity.get("device", "cpu"))
     profile_kwargs: dict[str, Any] = dict(
-        source="fitted", created_at=now_iso(), device=device,
+        source="fitted", created_at=utc_now_iso(), device=device,
         device_name=str(identity.get("device_name", device)),
         model_id=str(identity.get("model_id", "unknown")),
         weights_hash=str(identity.get("weights_hash", "")),
@@ -380,4 +362,4 @@ def make_prior(identity: dict[str, Any], config: dict[str, Any]) -> Profile:
         probe = probe_cpu(int(identity.get("threads") or 1))
         flops, bw, source = probe["peak_flops"], probe["bandwidth_bytes_s"], probe["source"]
     return build_prior(identity, config, peak_flops=flops, bandwidth_bytes_s=bw, peaks_source=source,
-                       created_at=now_iso(), software=software_versions())
+                       created_at=utc_now_iso(), software=software_versions())

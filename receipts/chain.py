@@ -16,7 +16,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, exists, insert, select
@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import Conflict, IntegrityFailure, InvalidInput, UnknownReceipt
 from foundation.hashing import canonical_json, sha256_json
+from foundation.provenance import to_utc_iso, utc_now_iso
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.schema import CHAIN_FIELDS, FORMAT_VERSION, STATUSES, validate_body
 
@@ -53,11 +54,6 @@ class StoredReceipt:
 def receipt_hash(body: dict[str, Any]) -> str:
     """``sha256:`` over the canonical JSON of ``body`` without its ``hash`` field."""
     return sha256_json({k: v for k, v in body.items() if k != "hash"})
-
-
-def utc_now_iso() -> str:
-    """Now as ISO-8601 UTC with microseconds, e.g. ``2025-01-02T03:04:05.000006+00:00``."""
-    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def parse_body(text: str) -> dict[str, Any]:
@@ -164,9 +160,7 @@ def _utc_iso(value: str | datetime | None, name: str) -> str | None:
             value = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError as exc:
             raise InvalidInput(f"{name} must be an ISO-8601 time, got {value!r}", field=name) from exc
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).isoformat(timespec="microseconds")
+    return to_utc_iso(value)
 
 
 def summarize(seq: int, body: dict[str, Any], row_hash: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from foundation.errors import InvalidInput, NotFound
+from foundation.hashing import sha256_file
 
 SOURCE = "postgres-docs"
 VERSIONS = ("15.18", "15.20")
@@ -98,16 +99,6 @@ def find_deb(version: str, data_dir: Path, deb: Path | None = None,
     return downloads / name
 
 
-def _file_sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return "sha256:" + h.hexdigest()
-
-
 def _extract_with_dpkg(deb: Path, out: Path, scratch: Path) -> None:
     subprocess.run(["dpkg-deb", "-x", str(deb), str(scratch)], check=True, capture_output=True)
     src = scratch / HTML_DIR
@@ -179,7 +170,7 @@ def fetch_postgres_docs(data_dir: Path, version: str, deb: Path | None = None,
         return FetchResult(str(target), int(str(info["pages"])), version, str(info["deb"]),
                            str(info["deb_sha256"]), reused=True)
     found = find_deb(version, data_dir, deb, search_dirs)
-    digest = _file_sha256(found)
+    digest = sha256_file(found)
     if info is not None and info.get("deb_sha256") == digest:
         return FetchResult(str(target), int(str(info["pages"])), version, found.name, digest, reused=True)
     target.parent.mkdir(parents=True, exist_ok=True)

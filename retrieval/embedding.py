@@ -17,10 +17,8 @@ still fixed and recorded because other BLAS kernels split work differently.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,7 +26,8 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from foundation.hashing import canonical_json, sha256_json
+from foundation.hashing import canonical_json, sha256_file, sha256_json
+from foundation.provenance import utc_now_iso
 from retrieval.models import EmbedderRecord, Embedding
 
 VECTOR_DTYPE = np.dtype("<f4")  # little-endian float32, the stored byte layout
@@ -62,17 +61,9 @@ def embedder_id_for(identity: dict[str, Any]) -> str:
     return sha256_json(identity)
 
 
-def _file_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk_bytes):
-            h.update(block)
-    return "sha256:" + h.hexdigest()
-
-
 def _files_hash(root: Path, files: list[Path]) -> str:
     """``sha256:`` over canonical JSON of sorted ``[relative name, file sha256]`` pairs."""
-    pairs = sorted([str(p.relative_to(root)), _file_sha256(p)] for p in files)
+    pairs = sorted([str(p.relative_to(root)), sha256_file(p)] for p in files)
     return sha256_json(pairs)
 
 
@@ -278,7 +269,7 @@ def ensure_embedder_record(session: Session, embedder: Embedder) -> bool:
         return False
     session.add(EmbedderRecord(id=embedder.embedder_id,
                                config_json=canonical_json(embedder.identity).decode("utf-8"),
-                               created_at=datetime.now(UTC).isoformat(timespec="microseconds")))
+                               created_at=utc_now_iso()))
     session.flush()
     return True
 

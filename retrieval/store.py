@@ -23,7 +23,6 @@ import time
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from sqlalchemy.orm import Session
 from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import InvalidInput, RagBudgetError, TooLarge
 from foundation.hashing import canonical_json, sha256_bytes, sha256_text
+from foundation.provenance import utc_now_iso
 from retrieval.chunking import ChunkerConfig, ChunkSpan, chunk_id, chunk_text, chunker_id
 from retrieval.extract import check_kind, check_text, extract_text, finish_text
 from retrieval.models import Chunk, Document, DocumentVersion, Revision
@@ -141,10 +141,6 @@ class _Current:
     version_id: int
     is_tombstone: bool
     content_hash: str | None
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def check_document_id(document_id: object) -> str:
@@ -379,7 +375,7 @@ def _commit(session: Session, prepared: list[_Prepared], deletes: list[str],
         live.pop(did, None)
     counts = {s: sum(1 for r in ordered if r.status == s) for s in STATUSES}
     root = root_hash(list(live.items()))
-    session.add(Revision(number=revision, created_at=_now(), root_hash=root, live_documents=len(live),
+    session.add(Revision(number=revision, created_at=utc_now_iso(), root_hash=root, live_documents=len(live),
                          added=counts["added"], updated=counts["updated"], deleted=counts["deleted"],
                          unchanged=counts["unchanged"], note=note))
     session.flush()

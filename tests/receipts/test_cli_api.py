@@ -33,7 +33,7 @@ def store(engine, settings, monkeypatch):
            for q in ("how does WAL archiving work", "what does pg_dump write")]
     make_revisions_2_3(engine)
     monkeypatch.setattr(Services, "retriever", property(lambda self: FakeRetriever(self.engine)))
-    monkeypatch.setattr(wiring, "_hooks", lambda services: (rebuild_prompt, None))
+    monkeypatch.setattr(wiring, "replay_hooks", lambda services: (rebuild_prompt, None))
     monkeypatch.setenv("RAGBUDGET_DATA_DIR", str(settings.data_dir))
     monkeypatch.setenv("RAGBUDGET_DATABASE_URL", settings.resolved_database_url)
     monkeypatch.setenv("RAGBUDGET_AUTH_ENABLED", "false")
@@ -88,7 +88,7 @@ def test_cli_replay_ok_exits_zero(store, capsys):
 
 
 def test_cli_replay_failed_check_exits_nonzero(store, monkeypatch, capsys):
-    monkeypatch.setattr(wiring, "_hooks", lambda services: (lambda b, h: ("sha256:" + "0" * 64, 1), None))
+    monkeypatch.setattr(wiring, "replay_hooks", lambda services: (lambda b, h: ("sha256:" + "0" * 64, 1), None))
     code, out = _run(capsys, "replay", store[0])
     assert code == 4 and "FAILED" in out and "prompt" in out
 
