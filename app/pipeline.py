@@ -207,7 +207,7 @@ class AnswerPipeline:
         Raises:
             RagBudgetError: bad input, unknown revision, queue full (Busy).
         """
-        from app.generation.base import GenParams
+        from generation.base import GenParams
 
         arrival_t = arrival_t if arrival_t is not None else time.perf_counter()
         cancel = cancel or threading.Event()

@@ -48,10 +48,10 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
     Raises (from the hooks):
         NotFound: the recorded scaffold is not in the database.
     """
-    from app.generation.base import GenParams
     from app.prompt import PromptBuilder, PromptChunk, scaffold_by_hash
     from foundation.errors import NotFound
     from foundation.hashing import sha256_ints
+    from generation.base import GenParams
 
     def _prompt(body: dict[str, Any], hits: list[Any]) -> Any:
         sc = body["scaffold"]

@@ -14,6 +14,8 @@ from typing import Any
 from sqlalchemy import Engine
 
 from app.settings import Settings
+from foundation.errors import InvalidConfig
+from generation.base import Generator
 
 
 class Services:
@@ -41,7 +43,7 @@ class Services:
     @cached_property
     def generator_dir(self) -> Path:
         """Local HF directory of the generator (the packaged model is converted once)."""
-        from app.assets import generator_dir
+        from generation.assets import generator_dir
 
         with self._lock:
             return generator_dir(self.data_dir, self.settings.generator_path)
@@ -51,10 +53,11 @@ class Services:
         """The generator's tokenizer as a ``retrieval.tokens.TextTokenizer``."""
         with self._lock:
             if self.settings.generator_backend == "remote":
-                from app.generation.remote_tokenizer import load_remote_tokenizer
+                from generation.remote_tokenizer import load_remote_tokenizer
 
-                return load_remote_tokenizer(self.settings)
-            from app.assets import load_tokenizer
+                return load_remote_tokenizer(self.settings.remote_tokenizer or self.settings.remote_model,
+                                             self.settings.data_dir)
+            from generation.assets import load_tokenizer
             from retrieval.tokens import HFTextTokenizer
 
             return HFTextTokenizer(load_tokenizer(self.generator_dir), name=str(self.generator_dir))
@@ -63,8 +66,7 @@ class Services:
     @cached_property
     def embedder(self) -> Any:
         """The configured sentence-transformers embedder (``retrieval.embedding``)."""
-        from app.assets import packaged_embedder_path
-        from retrieval.embedding import SentenceTransformerEmbedder
+        from retrieval.embedding import SentenceTransformerEmbedder, packaged_embedder_path
 
         with self._lock:
             path = self.settings.embedder_path or str(packaged_embedder_path())
@@ -84,12 +86,37 @@ class Services:
     @cached_property
     def generator(self) -> Any:
         """The configured generator (local transformers model or remote engine), loaded once."""
-        from app.generation import load_generator
-
         with self._lock:
-            return load_generator(self.settings, self)
+            return build_generator(self.settings, self)
 
     def close(self) -> None:
         """Release the database pool."""
         if "engine" in self.__dict__:
             self.engine.dispose()
+
+
+def build_generator(settings: Settings, services: Services) -> Generator:
+    """Build the configured generator.
+
+    ``local``: the model in ``services.generator_dir`` (the packaged SmolLM2 unless
+    ``generator_path`` is set), sharing ``services.tokenizer``. ``remote``: an
+    OpenAI-compatible server at ``remote_base_url`` serving ``remote_model``.
+
+    Raises:
+        InvalidConfig: remote backend without base URL or model, or an unloadable model.
+    """
+    if settings.generator_backend == "remote":
+        from generation.remote import RemoteGenerator
+
+        if not settings.remote_base_url or not settings.remote_model:
+            raise InvalidConfig("generator_backend=remote needs remote_base_url and remote_model")
+        return RemoteGenerator(settings.remote_base_url, settings.remote_model,
+                               tokenizer=services.tokenizer, api_key=settings.remote_api_key,
+                               tokenizer_source=settings.remote_tokenizer)
+    from generation.assets import PACKAGED_GENERATOR_ID
+    from generation.local import LocalGenerator
+
+    model_id = settings.generator_path or PACKAGED_GENERATOR_ID
+    return LocalGenerator(services.generator_dir, tokenizer=services.tokenizer, model_id=model_id,
+                          device=settings.generator_device, dtype=settings.generator_dtype,
+                          threads=settings.torch_threads)

@@ -6,6 +6,7 @@ import math
 
 from app.settings import Settings
 from foundation.errors import InvalidInput, TooLarge
+from retrieval.retriever import is_blank_query
 
 
 def check_question(settings: Settings, question: str) -> str:
@@ -59,3 +60,20 @@ def check_max_new_tokens(settings: Settings, n: int | None) -> int:
         raise InvalidInput(f"max_new_tokens must be in [1, {settings.max_new_tokens_limit}], got {n}",
                            code="invalid_max_new_tokens", limit=settings.max_new_tokens_limit)
     return int(n)
+
+
+def check_query(settings: Settings, query: str, k: int) -> None:
+    """Validate before any model is loaded.
+
+    Raises:
+        InvalidInput: ``empty_query`` (blank), ``invalid_k`` (outside 1..max_k).
+        TooLarge: ``query_too_long`` (more than ``max_question_chars`` characters).
+    """
+    if is_blank_query(query):
+        raise InvalidInput("the query is empty or whitespace only", code="empty_query")
+    if len(query) > settings.max_question_chars:
+        raise TooLarge(f"query has {len(query)} characters; the limit is {settings.max_question_chars}",
+                       code="query_too_long", limit=settings.max_question_chars)
+    if not 1 <= k <= settings.max_k:
+        raise InvalidInput(f"k must be in [1, {settings.max_k}], got {k}", code="invalid_k",
+                           limit=settings.max_k)

@@ -289,10 +289,10 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from app.assets import ensure_packaged_generator
     from app.pipeline import AnswerPipeline, AnswerRequest
     from app.services import Services
     from app.settings import get_settings
+    from generation.assets import ensure_packaged_generator
     from receipts.chain import get_receipt
     from retrieval.chunking import ChunkerConfig
     from retrieval.store import IngestItem, ingest_batch

@@ -35,7 +35,7 @@ class HFPrefillTimer:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from app.assets import weights_hash
+        from generation.assets import weights_hash
 
         self.torch = torch
         torch.set_num_threads(threads)

@@ -33,12 +33,13 @@ def peak_rss_mib() -> float:
 
 
 def main() -> int:
-    from app.assets import generator_dir, load_tokenizer, packaged_embedder_path
     from app.cli.corpus_cmds import SHARED_CORPORA, collect
     from app.db import open_database
     from app.settings import get_settings
+    from generation.assets import generator_dir, load_tokenizer
     from retrieval.chunking import ChunkerConfig, wordpiece_counter
     from retrieval.corpus import fetch_postgres_docs
+    from retrieval.embedding import packaged_embedder_path
     from retrieval.store import ingest_batch
     from retrieval.tokens import HFTextTokenizer
 

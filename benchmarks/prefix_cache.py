@@ -18,9 +18,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from app.generation.base import GenParams
-from app.generation.local import LocalGenerator
 from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
+from generation.base import GenParams
+from generation.local import LocalGenerator
 
 EXTRA_RULE = ("Quote numbers, dates and part names exactly as the sources write them, and never combine "
               "facts from different sources into a claim that none of them makes. ")
@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--profile", default=None, help="latency profile JSON for the predicted column")
     args = ap.parse_args()
 
-    from app.assets import ensure_packaged_generator
+    from generation.assets import ensure_packaged_generator
 
     model_dir = Path(args.model_dir) if args.model_dir else ensure_packaged_generator(Path(args.data_dir))
     gen = LocalGenerator(model_dir, device=args.device, threads=args.threads)

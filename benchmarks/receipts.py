@@ -10,7 +10,7 @@ Usage::
   the ``receipt_documents`` rows.
 * verify: a valid chain of ``--chain`` receipts is bulk-inserted (bodies and hashes
   computed here, then batched inserts in one transaction), and
-  :func:`receipts.chain.verify_chain` walks it: receipts/s.
+  :func:`receipts.verify.verify_chain` walks it: receipts/s.
 * replay: :func:`receipts.replay.replay` without regeneration over a small store
   written straight into the tables with a deterministic fake retriever
   (``tests/receipts/fakestore.py``): the receipts side of replay (hash and link,
@@ -43,10 +43,15 @@ from app.db import open_database  # noqa: E402
 from app.settings import get_settings  # noqa: E402
 from foundation.db import WriterLock, write_transaction  # noqa: E402
 from foundation.hashing import canonical_json, sha256_bytes, sha256_ints, sha256_text  # noqa: E402
-from receipts.chain import GENESIS, _document_versions, append_receipt, verify_chain  # noqa: E402
+from receipts.chain import GENESIS, append_receipt  # noqa: E402
 from receipts.models import ReceiptDocument, ReceiptRow  # noqa: E402
 from receipts.replay import replay  # noqa: E402
-from receipts.schema import FORMAT_VERSION, build_receipt_body  # noqa: E402
+from receipts.schema import (  # noqa: E402
+    FORMAT_VERSION,
+    build_receipt_body,
+    document_versions,  # noqa: E402
+)
+from receipts.verify import verify_chain  # noqa: E402
 from tests.receipts.bodies import candidate, sections  # noqa: E402
 
 
@@ -106,7 +111,7 @@ def bulk_chain(engine: Engine, n: int, batch: int = 5000) -> float:
                              "status": body["status"], "prev_hash": prev, "hash": digest,
                              "body": canonical_json(body).decode("utf-8")})
                 docs += [{"receipt_seq": seq, "document_id": d, "version": v}
-                         for d, v in _document_versions(body)]
+                         for d, v in document_versions(body)]
                 prev = digest
             session.execute(insert(ReceiptRow), rows)
             session.execute(insert(ReceiptDocument), docs)

@@ -6,7 +6,7 @@ body *without* the ``hash`` field (:func:`receipt_hash`). The body's
 ``prev_hash`` is the previous receipt's hash (:data:`GENESIS` for the first),
 so the receipts form one chain; ``receipts.prev_hash`` is UNIQUE, so two
 writers can never both extend the same head. Verification of the whole chain
-lives in :mod:`receipts.verify` (re-exported here as :func:`verify_chain`).
+lives in :mod:`receipts.verify`, which reads this module; this module never reads it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Engine, exists, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -27,10 +27,7 @@ from foundation.errors import Conflict, IntegrityFailure, InvalidInput, UnknownR
 from foundation.hashing import canonical_json, sha256_json
 from foundation.provenance import to_utc_iso, utc_now_iso
 from receipts.models import ReceiptDocument, ReceiptRow
-from receipts.schema import CHAIN_FIELDS, FORMAT_VERSION, STATUSES, validate_body
-
-if TYPE_CHECKING:
-    from receipts.verify import VerifyReport
+from receipts.schema import CHAIN_FIELDS, FORMAT_VERSION, STATUSES, document_versions, validate_body
 
 GENESIS = "sha256:" + "0" * 64
 MAX_LIST_LIMIT = 1000
@@ -71,10 +68,6 @@ def parse_body(text: str) -> dict[str, Any]:
     return body
 
 
-def _document_versions(body: dict[str, Any]) -> list[tuple[str, int]]:
-    return sorted({(str(c["document_id"]), int(c["version"])) for c in body.get("candidates") or []})
-
-
 def append_receipt(engine: Engine, body: dict[str, Any], *, max_attempts: int = 50) -> StoredReceipt:
     """Append ``body`` to the chain in one transaction; return where it landed.
 
@@ -94,7 +87,7 @@ def append_receipt(engine: Engine, body: dict[str, Any], *, max_attempts: int = 
     """
     validate_body(body)
     content = {k: v for k, v in body.items() if k not in CHAIN_FIELDS}
-    docs = _document_versions(content)
+    docs = document_versions(content)
     last_exc: Exception | None = None
     for attempt in range(max_attempts):
         try:
@@ -236,11 +229,3 @@ def head(engine: Engine) -> StoredReceipt | None:
             select(ReceiptRow.seq, ReceiptRow.id, ReceiptRow.hash, ReceiptRow.prev_hash,
                    ReceiptRow.created_at).order_by(ReceiptRow.seq.desc()).limit(1)).first()
     return StoredReceipt(*row) if row else None
-
-
-def verify_chain(engine: Engine, *, batch_size: int = 1000,
-                 expected_head: str | None = None) -> VerifyReport:
-    """Walk and check the whole chain; see :func:`receipts.verify.verify_chain`."""
-    from receipts.verify import verify_chain as _verify
-
-    return _verify(engine, batch_size=batch_size, expected_head=expected_head)

@@ -194,3 +194,12 @@ def cited_candidates(body: dict[str, Any]) -> list[dict[str, Any]]:
     if plan is None:
         return []
     return list(body.get("candidates") or [])[: int(plan.get("chosen_k") or 0)]
+
+
+def document_versions(body: dict[str, Any]) -> list[tuple[str, int]]:
+    """Distinct ``(document_id, version)`` pairs among a body's candidates, sorted.
+
+    These are the ``receipt_documents`` rows written with the receipt (the index
+    behind "receipts citing document X"), and what verification expects to find.
+    """
+    return sorted({(str(c["document_id"]), int(c["version"])) for c in body.get("candidates") or []})

@@ -35,9 +35,9 @@ from sqlalchemy import Engine, select
 
 from foundation.db import read_session
 from foundation.errors import IntegrityFailure
-from receipts.chain import GENESIS, _document_versions, parse_body, receipt_hash
+from receipts.chain import GENESIS, parse_body, receipt_hash
 from receipts.models import ReceiptDocument, ReceiptRow
-from receipts.schema import FORMAT_VERSION
+from receipts.schema import FORMAT_VERSION, document_versions
 
 KINDS = ("edited", "hash_mismatch", "broken_link", "missing", "reordered")
 WINDOW = 4096  # how far back (in seq) a reordered receipt's predecessor is looked up
@@ -143,7 +143,7 @@ class _Walk:
         if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
             self.add("edited", seq, rid, f"1..{FORMAT_VERSION}", version, "unknown format_version")
         try:
-            expected_docs = set(_document_versions(body))
+            expected_docs = set(document_versions(body))
         except (KeyError, TypeError, ValueError):
             expected_docs = set()
         if docs != expected_docs:

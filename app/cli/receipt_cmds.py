@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_verify(args: argparse.Namespace, services: Any) -> int:
-    from receipts.chain import verify_chain
+    from receipts.verify import verify_chain
 
     report = verify_chain(services.engine, batch_size=args.batch_size, expected_head=args.expect_head)
     emit(args, report.to_dict(), lambda _p: report.render())

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from app.cli.common import add_json_flag, emit
-from foundation.errors import InvalidInput, TooLarge
+from app.validation import check_query
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -21,25 +21,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     x = sub.add_parser("reindex", help="rebuild the FAISS index from the database")
     add_json_flag(x)
     x.set_defaults(func=cmd_reindex)
-
-
-def check_query(settings: Any, query: str, k: int) -> None:
-    """Validate before any model is loaded.
-
-    Raises:
-        InvalidInput: ``empty_query`` (blank), ``invalid_k`` (outside 1..max_k).
-        TooLarge: ``query_too_long`` (more than ``max_question_chars`` characters).
-    """
-    from retrieval.retriever import is_blank_query
-
-    if is_blank_query(query):
-        raise InvalidInput("the query is empty or whitespace only", code="empty_query")
-    if len(query) > settings.max_question_chars:
-        raise TooLarge(f"query has {len(query)} characters; the limit is {settings.max_question_chars}",
-                       code="query_too_long", limit=settings.max_question_chars)
-    if not 1 <= k <= settings.max_k:
-        raise InvalidInput(f"k must be in [1, {settings.max_k}], got {k}", code="invalid_k",
-                           limit=settings.max_k)
 
 
 def _render(p: dict[str, Any]) -> str:

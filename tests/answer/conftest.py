@@ -80,7 +80,7 @@ def pg_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def generator_path() -> str:
     """The fp32 copy of the packaged SmolLM2 (converted once, shared with other tests)."""
-    from app.assets import ensure_packaged_generator
+    from generation.assets import ensure_packaged_generator
 
     return str(ensure_packaged_generator(REPO / "ragbudget-data"))
 

@@ -59,7 +59,7 @@ def test_non_stream_answer_cites_retrieved_pages_with_measured_timings(plain_ans
 
 def test_non_stream_receipt_records_the_answer_and_replays(plain_answer, answer_services):
     from app.receipt_wiring import replay_receipt
-    from receipts.chain import verify_chain
+    from receipts.verify import verify_chain
 
     body = receipt_body(answer_services, plain_answer["receipt_id"])
     assert body["status"] == "ok"

@@ -72,7 +72,7 @@ def server_url(corpus: Corpus, generator_path: str) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def remote(server_url: str, answer_services: Any) -> Iterator[Any]:
-    from app.generation.remote import RemoteGenerator
+    from generation.remote import RemoteGenerator
 
     gen = RemoteGenerator(server_url, "ragbudget", tokenizer=answer_services.tokenizer)
     yield gen
@@ -81,7 +81,7 @@ def remote(server_url: str, answer_services: Any) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def streamed(remote: Any) -> dict[str, Any]:
-    from app.generation.base import GenParams
+    from generation.base import GenParams
 
     events = list(remote.stream(remote.tokenizer.encode(QUESTION), params=GenParams(max_new_tokens=MAX_NEW),
                                 messages=[{"role": "user", "content": QUESTION}]))

@@ -13,8 +13,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from app.generation.base import GenerationStats, GenParams, TokenEvent
 from foundation.hashing import sha256_json
+from generation.base import GenerationStats, GenParams, TokenEvent
 from tests.latency_model.conftest import IDENTITY
 from tests.latency_model.test_roofline import SMOLLM2
 
@@ -35,7 +35,7 @@ class CharTokenizer:
 
 
 class EchoGenerator:
-    """A :class:`app.generation.base.Generator` that streams a fixed reply, one character a token.
+    """A :class:`generation.base.Generator` that streams a fixed reply, one character a token.
 
     ``gate`` (optional): every ``stream`` sets ``started`` and then waits on ``gate``
     before its first token, so a test can hold the model busy.

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session")
 def smollm_dir() -> Path:
     """The fp32 copy of the packaged SmolLM2-135M-Instruct (converted on first use)."""
-    from app.assets import ensure_packaged_generator
+    from generation.assets import ensure_packaged_generator
 
     return ensure_packaged_generator(REPO / "ragbudget-data")
 
@@ -21,7 +21,7 @@ def smollm_dir() -> Path:
 @pytest.fixture(scope="session")
 def smollm_tokenizer(smollm_dir: Path) -> Any:
     """The product's generation tokenizer (special-token strings stay plain text)."""
-    from app.assets import load_tokenizer
+    from generation.assets import load_tokenizer
     from retrieval.tokens import HFTextTokenizer
 
     return HFTextTokenizer(load_tokenizer(smollm_dir), name=str(smollm_dir))
@@ -30,6 +30,6 @@ def smollm_tokenizer(smollm_dir: Path) -> Any:
 @pytest.fixture(scope="session")
 def local_generator(smollm_dir: Path, smollm_tokenizer: Any) -> Any:
     """One loaded SmolLM2 on CPU fp32 for the whole session (tests keep max_new_tokens small)."""
-    from app.generation.local import LocalGenerator
+    from generation.local import LocalGenerator
 
     return LocalGenerator(smollm_dir, tokenizer=smollm_tokenizer, device="cpu", dtype="float32", threads=1)

@@ -1,4 +1,4 @@
-"""load_generator picks and configures the backend from settings."""
+"""build_generator picks and configures the backend from settings."""
 
 from __future__ import annotations
 
@@ -6,18 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from app.generation import Generator, load_generator
-from app.generation.remote import RemoteGenerator
-from app.services import Services
+from app.services import Services, build_generator
 from app.settings import get_settings
 from foundation.errors import InvalidConfig
+from generation import Generator
+from generation.remote import RemoteGenerator
 from tests.generation.fake_openai import FakeOpenAI
 
 
 def test_remote_backend_without_url_or_model_is_a_config_error(tmp_path: Path) -> None:
     settings = get_settings(data_dir=tmp_path, generator_backend="remote", remote_tokenizer="cl100k_base")
     with pytest.raises(InvalidConfig):
-        load_generator(settings, Services(settings))
+        build_generator(settings, Services(settings))
 
 
 def test_remote_backend_uses_the_services_tokenizer(tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from app.generation.base import Generator, GenParams
 from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
 from foundation.errors import TooLarge
+from generation.base import Generator, GenParams
 
 pytestmark = pytest.mark.slow
 

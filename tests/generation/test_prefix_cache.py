@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.generation.base import GenParams, IncrementalDetokenizer
-from app.generation.prefix_cache import PrefixKVCache
+from generation.base import GenParams, IncrementalDetokenizer
+from generation.prefix_cache import PrefixKVCache
 
 
 def compute(ids: list[int]) -> tuple[Any, Any]:

@@ -134,7 +134,7 @@ def test_framing_without_a_system_role_puts_the_scaffold_in_the_user_turn() -> N
 
 
 def test_builder_works_with_tiktoken_and_default_chatml(tmp_path: Path) -> None:
-    from app.generation.remote_tokenizer import load_tiktoken
+    from generation.remote_tokenizer import load_tiktoken
 
     b = PromptBuilder.for_tokenizer(load_tiktoken("cl100k_base", tmp_path))
     prompt = b.build("Sys.", chunks_of("<|endoftext|> text"), "q")

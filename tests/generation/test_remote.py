@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from app.generation.base import GenParams
-from app.generation.remote import RemoteGenerator, iter_sse_data
-from app.generation.remote_tokenizer import load_tiktoken
 from foundation.errors import BackendError
+from generation.base import GenParams
+from generation.remote import RemoteGenerator, iter_sse_data
+from generation.remote_tokenizer import load_tiktoken
 from tests.conftest import CASES
 from tests.generation.fake_openai import FakeOpenAI
 

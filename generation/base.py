@@ -1,8 +1,8 @@
 """The generator contract: parameters, streamed token events, per-answer statistics, and the protocol.
 
-Two backends implement :class:`Generator`: ``app.generation.local`` (a
+Two backends implement :class:`Generator`: ``generation.local`` (a
 transformers causal LM with a scaffold prefix KV cache) and
-``app.generation.remote`` (an OpenAI-compatible streaming server such as vLLM
+``generation.remote`` (an OpenAI-compatible streaming server such as vLLM
 or SGLang). The answer pipeline and the latency calibration code only see this
 module.
 

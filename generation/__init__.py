@@ -1,0 +1,18 @@
+"""Generation: the engine room. The :class:`~generation.base.Generator` contract and its backends.
+
+* :mod:`generation.base`: parameters, streamed token events, per-answer statistics, the protocol.
+* :mod:`generation.local`: a transformers causal LM with a scaffold prefix KV cache.
+* :mod:`generation.prefix_cache`: the prefix KV cache itself.
+* :mod:`generation.remote`, :mod:`generation.remote_tokenizer`: an OpenAI-compatible server.
+* :mod:`generation.assets`: the generator's model files (packaged model, conversion, weights hash).
+
+This room imports ``foundation`` and ``retrieval.tokens`` (the tokenizer
+protocol) only; choosing and configuring a backend is the app's wiring
+(``app.services``). Nothing heavy is imported here.
+"""
+
+from __future__ import annotations
+
+from generation.base import GenerationStats, Generator, GenParams, TokenEvent
+
+__all__ = ["Generator", "GenerationStats", "GenParams", "TokenEvent"]
