@@ -14,10 +14,10 @@ from receipts.chain import (
     head,
     list_receipts,
     receipt_hash,
-    verify_chain,
 )
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.schema import FORMAT_VERSION
+from receipts.verify import verify_chain
 from tests.receipts.bodies import body, candidate
 
 
