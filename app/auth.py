@@ -111,6 +111,22 @@ def authenticate(engine: Engine, presented: str | None) -> Principal:
         return Principal(row.id, row.name, row.role)
 
 
+def active_principal(engine: Engine, key_id: str) -> Principal:
+    """The principal of the key ``key_id`` if it is still active (no secret check).
+
+    For callers that already proved the full key once (a console session made by
+    :func:`authenticate`) and must stop when the key is revoked later.
+
+    Raises:
+        Unauthenticated: no such key, or it was revoked.
+    """
+    with read_session(engine) as s:
+        row = s.get(ApiKey, key_id)
+        if row is None or row.revoked_at is not None:
+            raise Unauthenticated("unknown or revoked API key")
+        return Principal(row.id, row.name, row.role)
+
+
 def require(principal: Principal, role: str) -> None:
     """Raise :class:`Forbidden` unless ``principal`` holds ``role`` or above."""
     if not principal.allows(role):

@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     port: int = 8000
     auth_enabled: bool = True
     metrics_public: bool = True
+    ui_session_idle_s: int = Field(1800, ge=60, le=7 * 86400, description="A console session ends "
+                                   "after this long without a request (seconds).")
+    ui_session_max_s: int = Field(12 * 3600, ge=60, le=30 * 86400, description="A console session "
+                                  "ends this long after sign-in, however active (seconds).")
 
     @property
     def resolved_database_url(self) -> str:

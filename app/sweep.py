@@ -232,6 +232,40 @@ def write_outputs(out_dir: Path, result: dict[str, Any], meta: dict[str, Any]) -
     return {"csv": str(csv_path), "json": str(json_path), "png": str(png_path)}
 
 
+LAST_SWEEP = Path("sweeps") / "last.json"
+
+
+def record_last(data_dir: Path, result: dict[str, Any], meta: dict[str, Any],
+                outputs: dict[str, str]) -> Path:
+    """Keep the newest sweep's summary at ``<data_dir>/sweeps/last.json`` (replaced atomically).
+
+    The console overlays its measured per-k medians on the tuning curve. Written:
+    ``{"created_at", "meta" (without the question texts; ``n_questions`` instead),
+    "summary", "outputs"}``.
+    """
+    from foundation.provenance import utc_now_iso
+
+    path = data_dir / LAST_SWEEP
+    path.parent.mkdir(parents=True, exist_ok=True)
+    slim = {k: v for k, v in meta.items() if k != "questions"}
+    slim["n_questions"] = len(meta.get("questions") or [])
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"created_at": utc_now_iso(), "meta": slim, "summary": result["summary"],
+                               "outputs": outputs}, indent=2, sort_keys=True), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def load_last(data_dir: Path) -> dict[str, Any] | None:
+    """The record :func:`record_last` wrote, or None when no sweep ran (or it is unreadable)."""
+    path = data_dir / LAST_SWEEP
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("summary"), dict) else None
+
+
 def plot(summary: dict[str, Any], meta: dict[str, Any], path: Path) -> None:
     """Measured and predicted TTFT against k (p50 line, p50-p95 band), budget lines with the k
     each budget chooses, and recall@k on a second axis."""

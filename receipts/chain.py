@@ -166,8 +166,17 @@ def summarize(seq: int, body: dict[str, Any], row_hash: str) -> dict[str, Any]:
         "status": body.get("status"), "hash": row_hash, "question": body.get("question"),
         "revision": (body.get("corpus") or {}).get("revision"), "chosen_k": plan.get("chosen_k"),
         "budget_ms": plan.get("budget_ms"), "ttft_ms": timings.get("ttft_ms"),
-        "model_id": generator.get("model_id"),
+        "within_budget": within_budget(body), "model_id": generator.get("model_id"),
     }
+
+
+def within_budget(body: dict[str, Any]) -> bool | None:
+    """Measured TTFT <= the plan's budget; ``None`` when either is missing (no first token)."""
+    ttft = (body.get("timings") or {}).get("ttft_ms")
+    budget = (body.get("plan") or {}).get("budget_ms")
+    if ttft is None or budget is None:
+        return None
+    return bool(ttft <= budget)
 
 
 def list_receipts(
@@ -178,6 +187,7 @@ def list_receipts(
     document_id: str | None = None,
     document_version: int | None = None,
     status: str | None = None,
+    within: bool | None = None,
     limit: int = 50,
     cursor: str | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
@@ -185,7 +195,9 @@ def list_receipts(
 
     ``since`` is inclusive and ``until`` exclusive (ISO-8601; naive means UTC);
     ``document_id`` (optionally with ``document_version``) keeps receipts whose
-    candidates came from that document; ``status`` is ok/cancelled/failed.
+    candidates came from that document; ``status`` is ok/cancelled/failed;
+    ``within`` keeps receipts whose measured TTFT was (True) or was not (False) within
+    their budget (:func:`within_budget`; receipts without a TTFT match neither).
     ``cursor`` is the ``next_cursor`` of the previous page (``None`` on the last).
 
     Returns:
@@ -215,11 +227,28 @@ def list_receipts(
         if document_version is not None:
             used = used & (ReceiptDocument.version == document_version)
         query = query.where(exists().where(used))
+    if within is None:
+        with read_session(engine) as session:
+            rows = session.execute(query.limit(limit + 1)).all()
+        page = [summarize(seq, parse_body(text), digest) for seq, digest, text in rows[:limit]]
+        next_cursor = str(rows[limit - 1][0]) if len(rows) > limit else None
+        return page, next_cursor
+    # Budget adherence lives in the body: scan newest first in batches until a page is full.
+    matches: list[dict[str, Any]] = []
+    batch, last_seq = max(4 * (limit + 1), 200), None
     with read_session(engine) as session:
-        rows = session.execute(query.limit(limit + 1)).all()
-    page = [summarize(seq, parse_body(text), digest) for seq, digest, text in rows[:limit]]
-    next_cursor = str(rows[limit - 1][0]) if len(rows) > limit else None
-    return page, next_cursor
+        while len(matches) <= limit:
+            q = query if last_seq is None else query.where(ReceiptRow.seq < last_seq)
+            rows = session.execute(q.limit(batch)).all()
+            for seq, digest, text in rows:
+                summary = summarize(seq, parse_body(text), digest)
+                if summary["within_budget"] is within:
+                    matches.append(summary)
+            if len(rows) < batch:
+                break
+            last_seq = rows[-1][0]
+    next_cursor = str(matches[limit - 1]["seq"]) if len(matches) > limit else None
+    return matches[:limit], next_cursor
 
 
 def head(engine: Engine) -> StoredReceipt | None:

@@ -16,7 +16,9 @@ Checks, in order (each ``{name, status, ok, expected, actual, detail}``):
    hash and token count.
 4. ``regenerate`` (optional, injected by ``app``): the regenerated output token
    ids equal the recorded ones; on a difference the report gives the first
-   differing token position and the recorded environment fields that differ.
+   differing token position, the tokens around it on both sides
+   (``actual.context``: ``start``, ``position``, ``recorded`` and ``regenerated``
+   token ids from ``start``) and the recorded environment fields that differ.
 
 A check whose hook is not available is ``skipped`` (it does not fail the
 replay). The report also carries the receipt's freshness.
@@ -42,6 +44,9 @@ from retrieval.models import Revision
 RebuildPrompt = Callable[[dict[str, Any], list[Any]], tuple[str, int]]
 Regenerate = Callable[[dict[str, Any]], dict[str, Any]]
 HIT_FIELDS = ("rank", "chunk_id", "document_id", "version", "chunk_hash", "score")
+# Around the first differing output token (or character), this many on each side are reported.
+CONTEXT_TOKENS = 8
+CONTEXT_CHARS = 40
 
 
 @dataclass
@@ -245,12 +250,20 @@ def check_regenerate(body: dict[str, Any], regenerate: Regenerate | None,
         pos = next((i for i, (a, b) in enumerate(zip(rec_ids, new_ids, strict=False)) if a != b),
                    min(len(rec_ids), len(new_ids)))
         actual["first_differing_token"] = pos
+        start = max(0, pos - CONTEXT_TOKENS)
+        actual["context"] = {"start": start, "position": pos,
+                             "recorded": rec_ids[start:pos + CONTEXT_TOKENS],
+                             "regenerated": new_ids[start:pos + CONTEXT_TOKENS]}
         detail = f"output differs from token {pos}"
     else:
         rec_text, new_text = out.get("text") or "", got.get("text") or ""
         pos = next((i for i, (a, b) in enumerate(zip(rec_text, new_text, strict=False)) if a != b),
                    min(len(rec_text), len(new_text)))
         actual["first_differing_char"] = pos
+        start = max(0, pos - CONTEXT_CHARS)
+        actual["context"] = {"start": start, "position": pos,
+                             "recorded_text": rec_text[start:pos + CONTEXT_CHARS],
+                             "regenerated_text": new_text[start:pos + CONTEXT_CHARS]}
         detail = f"output differs from character {pos} (token ids were not recorded)"
     actual["environment_diff"] = diff
     if not ok:

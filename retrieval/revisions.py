@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import func, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from foundation.errors import UnknownDocument, UnknownRevision, UnknownVersion
 from foundation.hashing import sha256_json
@@ -227,6 +227,18 @@ def get_version(session: Session, document_id: str, version: int) -> VersionInfo
         raise UnknownVersion(f"document {document_id!r} has no version {version}",
                              document_id=document_id, version=version)
     return _version_info(row, with_text=True, n_chunks=_n_chunks(session, row.id))
+
+
+def changes_at(session: Session, revision: int, *, limit: int | None = None,
+               offset: int = 0) -> list[VersionInfo]:
+    """What revision ``revision`` changed: the versions and tombstones that became live in it,
+    by document id, without text, paged by ``limit``/``offset``."""
+    q = (select(DocumentVersion).options(defer(DocumentVersion.text))
+         .where(DocumentVersion.live_from_revision == int(revision))
+         .order_by(DocumentVersion.document_id).offset(max(0, offset)))
+    if limit is not None:
+        q = q.limit(max(0, limit))
+    return [_version_info(r, with_text=False) for r in session.scalars(q)]
 
 
 def list_chunks(session: Session, version_id: int) -> list[Chunk]:

@@ -15,6 +15,24 @@ if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
   echo "FATAL: PostgreSQL is not reachable at 127.0.0.1:5432; the PostgreSQL tests cannot run" >&2
   exit 1
 fi
+# The browser tests (tests/ui/test_browser.py) drive Debian's Chromium through its chromedriver.
+# Install both when missing; if that is impossible the browser tests skip and say why.
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  log=$(mktemp -t ragbudget-browser-install.XXXXXX)
+  if command -v apt-get >/dev/null 2>&1 && { $SUDO apt-get update -qq \
+       && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq -o DPkg::Lock::Timeout=600 \
+            chromium chromium-driver; } >"$log" 2>&1; then
+    echo "installed chromium and chromium-driver for the browser tests"
+  else
+    echo "warning: could not install chromium + chromium-driver (log: $log); the browser tests will skip" >&2
+  fi
+fi
+if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then
+  # The browser is there: a browser test that cannot start it is a failure, not a skip.
+  export RAGBUDGET_REQUIRE_BROWSER=${RAGBUDGET_REQUIRE_BROWSER:-1}
+fi
 ruff check .
 mypy
 python -m pytest "$@"

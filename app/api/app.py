@@ -27,6 +27,7 @@ from app.api.limits import BodyLimitMiddleware
 from app.pipeline import AnswerPipeline
 from app.services import Services
 from app.settings import Settings, get_settings
+from app.ui import register as register_console
 
 log = logging.getLogger("ragbudget")
 
@@ -56,6 +57,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.add_middleware(BodyLimitMiddleware, max_bytes=services.settings.max_body_bytes)
     for router in ROUTERS:
         app.include_router(router, responses=ERROR_RESPONSES)
+    register_console(app)
     if not services.settings.auth_enabled:
         log.warning("authentication is DISABLED (RAGBUDGET_AUTH_ENABLED=false): every caller is admin")
     return app

@@ -29,6 +29,7 @@ class ReceiptSummary(BaseModel):
     chosen_k: int | None
     budget_ms: float | None
     ttft_ms: float | None
+    within_budget: bool | None = Field(None, description="measured TTFT <= budget; null without a TTFT")
     model_id: str | None
 
 
@@ -90,6 +91,8 @@ def list_(
     document_id: str | None = Query(None, max_length=1024, description="answers that used this document"),
     document_version: int | None = Query(None, ge=1, le=2**31 - 1),
     status: Literal["ok", "cancelled", "failed"] | None = None,
+    within_budget: bool | None = Query(None, description="measured TTFT within (true) or over (false) "
+                                       "the budget; receipts without a TTFT match neither"),
     limit: int = Query(50, ge=1, le=1000),
     cursor: str | None = Query(None, max_length=32),
     services: Services = Depends(get_services),
@@ -98,7 +101,8 @@ def list_(
     from receipts.chain import list_receipts
 
     page, next_cursor = list_receipts(services.engine, since=since, until=until, document_id=document_id,
-                                      document_version=document_version, status=status, limit=limit,
+                                      document_version=document_version, status=status,
+                                      within=within_budget, limit=limit,
                                       cursor=cursor)
     return ReceiptPage(receipts=[ReceiptSummary(**r) for r in page], next_cursor=next_cursor)
 

@@ -64,7 +64,7 @@ def default_questions(services: Any, n_index: int, seed: int) -> list[dict[str, 
 
 def cmd_sweep(args: argparse.Namespace, services: Any) -> int:
     from app.pipeline import AnswerPipeline
-    from app.sweep import apply_labels, load_labels, load_questions, run_sweep, write_outputs
+    from app.sweep import apply_labels, load_labels, load_questions, record_last, run_sweep, write_outputs
 
     budgets = _budgets(args.budgets)
     if not 0 <= args.k_max <= services.settings.max_k:
@@ -90,6 +90,7 @@ def cmd_sweep(args: argparse.Namespace, services: Any) -> int:
             "profile_source": profile.source, "k_max": args.k_max, "repeats": args.repeats,
             "budgets_ms": budgets, "questions": questions}
     paths = write_outputs(args.out, result, meta)
+    record_last(services.data_dir, result, meta, paths)
     payload = {"outputs": paths, "summary": result["summary"]}
 
     def human(p: dict[str, Any]) -> str:

@@ -18,6 +18,9 @@ from app.auth import ROLES
 from tests.api.conftest import KeyedApp, api_settings, start_keyed_app
 
 OPEN = "open"
+# Console pages (tests/ui) take a session cookie made by signing in, never a header key: every
+# caller of this matrix (header or none) is sent to the sign-in page.
+CONSOLE = "console session"
 
 ROUTE_ROLES: dict[tuple[str, str], str] = {
     # FastAPI's own documentation routes and the liveness probe.
@@ -50,6 +53,20 @@ ROUTE_ROLES: dict[tuple[str, str], str] = {
     ("POST", "/v1/keys"): "admin",
     ("GET", "/v1/keys"): "admin",
     ("DELETE", "/v1/keys/{key_id}"): "admin",
+    # the operator console
+    ("GET", "/ui"): OPEN,
+    ("GET", "/ui/"): OPEN,
+    ("GET", "/ui/login"): OPEN,
+    ("POST", "/ui/login"): OPEN,
+    ("POST", "/ui/logout"): CONSOLE,
+    ("GET", "/ui/receipts"): CONSOLE,
+    ("GET", "/ui/receipts/{receipt_id}"): CONSOLE,
+    ("POST", "/ui/receipts/{receipt_id}/replay"): CONSOLE,
+    ("GET", "/ui/tuning"): CONSOLE,
+    ("GET", "/ui/corpus"): CONSOLE,
+    ("GET", "/ui/corpus/revisions/{number}"): CONSOLE,
+    ("GET", "/ui/corpus/documents"): CONSOLE,
+    ("GET", "/ui/corpus/documents/{document_id:path}"): CONSOLE,
 }
 
 # A harmless value for each path parameter: the handler answers 404 or 422 at worst.
@@ -123,6 +140,9 @@ def test_every_v1_route_declares_its_role_with_require_role(secured: KeyedApp) -
 @pytest.mark.parametrize(("method", "path"), sorted(ROUTE_ROLES))
 def test_role_matrix(secured: KeyedApp, method: str, path: str, who: str) -> None:
     r = call(secured, method, path, who)
+    if ROUTE_ROLES[(method, path)] == CONSOLE:
+        assert r.history and r.history[0].status_code == 303 and r.url.path == "/ui/login", r.text
+        return
     outcome = expected(ROUTE_ROLES[(method, path)], who)
     if outcome == "pass":
         assert r.status_code not in (401, 403) and r.status_code < 500, r.text

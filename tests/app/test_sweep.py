@@ -88,3 +88,23 @@ def test_summary_reports_recall_and_budget_adherence(tmp_path):
                           {"model": "m", "device": "cpu", "profile_source": "fitted"})
     assert (tmp_path / "out" / "sweep.png").stat().st_size > 1000
     assert Path(paths["csv"]).read_text().count("\n") == 5
+
+
+def test_last_sweep_record_round_trips_without_question_texts(tmp_path):
+    from app.sweep import load_last, record_last
+
+    assert load_last(tmp_path) is None
+    summary = {"per_k": [{"k": 0, "measured_ttft_ms_median": 12.5}], "per_budget": []}
+    record_last(tmp_path, {"summary": summary}, {"profile_id": "p", "questions": [{"question": "q"}]},
+                {"json": "out/sweep.json"})
+    last = load_last(tmp_path)
+    assert last is not None and last["summary"] == summary
+    assert last["meta"] == {"profile_id": "p", "n_questions": 1} and last["created_at"].endswith("+00:00")
+
+
+def test_unreadable_last_sweep_record_is_none(tmp_path):
+    from app.sweep import load_last
+
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps" / "last.json").write_text("{not json")
+    assert load_last(tmp_path) is None

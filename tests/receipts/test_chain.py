@@ -110,6 +110,31 @@ def test_list_filters_by_time_range(engine):
     assert [r["id"] for r in page] == [first.id]
 
 
+def _timed(ttft_ms, budget_ms=800.0):
+    b = body()
+    b["timings"]["ttft_ms"] = ttft_ms
+    b["plan"]["budget_ms"] = budget_ms
+    return b
+
+
+def test_list_filters_within_and_over_budget(engine):
+    within = append_receipt(engine, _timed(800.0)).id  # equal to the budget counts as within
+    over = append_receipt(engine, _timed(800.5)).id
+    append_receipt(engine, _timed(None))  # no first token: neither
+    assert [r["id"] for r in list_receipts(engine, within=True)[0]] == [within]
+    assert [r["id"] for r in list_receipts(engine, within=False)[0]] == [over]
+
+
+def test_within_budget_filter_pages_past_non_matching_receipts(engine):
+    over = [append_receipt(engine, _timed(900.0)).id for _ in range(3)]
+    for _ in range(5):
+        append_receipt(engine, _timed(100.0))
+    page1, cursor = list_receipts(engine, within=False, limit=2)
+    page2, cursor2 = list_receipts(engine, within=False, limit=2, cursor=cursor)
+    assert [r["id"] for r in page1 + page2] == over[::-1] and cursor2 is None
+    assert page1[0]["within_budget"] is False
+
+
 def test_list_rejects_a_bad_cursor(engine):
     with pytest.raises(InvalidInput):
         list_receipts(engine, cursor="abc")

@@ -136,6 +136,13 @@ def test_different_regeneration_names_first_token_and_environment(engine, answer
     assert [d["field"] for d in check.actual["environment_diff"]] == ["generator.device", "generator.dtype"]
 
 
+def test_different_regeneration_reports_the_tokens_around_the_first_difference(engine, answered):
+    check = replay(engine, answered, retriever=None, rebuild_prompt=None,
+                   regenerate=_regen([5, 9, 7, 8])).check("regenerate")
+    assert check.actual["context"] == {"start": 0, "position": 1, "recorded": [5, 6, 7],
+                                       "regenerated": [5, 9, 7, 8]}
+
+
 def test_unknown_receipt_raises(engine):
     with pytest.raises(UnknownReceipt):
         replay(engine, "rcpt_missing", retriever=None, rebuild_prompt=None)

@@ -111,6 +111,18 @@ def test_delete_adds_a_tombstone_and_removes_the_document_from_later_revisions(e
         assert doc.is_deleted and doc.current is None
 
 
+def test_changes_at_lists_the_versions_and_tombstones_a_revision_made(engine, ingest):
+    from retrieval.revisions import changes_at
+
+    ingest([IngestItem("a", text="one"), IngestItem("b", text="two"), IngestItem("c", text="three")])
+    ingest([IngestItem("a", text="one, edited"), IngestItem("c", text="three")], delete_ids=["b"])
+    with read_session(engine) as s:
+        made = [(v.document_id, v.version, v.is_tombstone) for v in changes_at(s, 2)]
+        assert made == [("a", 2, False), ("b", 2, True)]
+        assert [v.document_id for v in changes_at(s, 1, limit=2, offset=1)] == ["b", "c"]
+        assert all(v.text is None for v in changes_at(s, 1))
+
+
 def test_deleting_an_unknown_or_deleted_document_is_rejected_and_writes_nothing(engine, ingest):
     ingest([IngestItem("a", text="x")])
     ingest([], delete_ids=["a"])
