@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ls.add_argument("--version", dest="document_version", type=int, default=None,
                     help="with --document: only this version")
     ls.add_argument("--status", choices=["ok", "cancelled", "failed"], default=None)
+    ls.add_argument("--within-budget", choices=["yes", "no"], default=None,
+                    help="measured TTFT within (yes) or over (no) the budget")
     ls.add_argument("--limit", type=int, default=50)
     ls.add_argument("--cursor", default=None, help="next_cursor of the previous page")
     add_json_flag(ls)
@@ -76,7 +78,8 @@ def cmd_list(args: argparse.Namespace, services: Any) -> int:
 
     page, cursor = list_receipts(services.engine, since=args.since, until=args.until,
                                  document_id=args.document_id, document_version=args.document_version,
-                                 status=args.status, limit=args.limit, cursor=args.cursor)
+                                 status=args.status, limit=args.limit, cursor=args.cursor,
+                                 within=None if args.within_budget is None else args.within_budget == "yes")
     emit(args, {"receipts": page, "next_cursor": cursor}, _render_list)
     return 0
 

@@ -63,6 +63,12 @@ def test_cli_list_filters_by_document(store, capsys):
     assert code == 0 and json.loads(out) == {"receipts": [], "next_cursor": None}
 
 
+def test_cli_list_filters_by_budget_adherence(store, capsys):
+    _, within = _run(capsys, "receipts", "list", "--json", "--within-budget", "yes")
+    _, over = _run(capsys, "receipts", "list", "--json", "--within-budget", "no")
+    assert len(json.loads(within)["receipts"]) == 2 and json.loads(over)["receipts"] == []
+
+
 def test_cli_list_pages(store, capsys):
     code, out = _run(capsys, "receipts", "list", "--json", "--limit", "1")
     page = json.loads(out)
