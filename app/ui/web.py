@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, quote
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from jinja2 import Environment, FileSystemLoader, select_autoescape
+from jinja2 import Environment, FileSystemLoader, Undefined, select_autoescape
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from app.api.errors import status_for
@@ -52,12 +52,18 @@ _env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_au
                    trim_blocks=True, lstrip_blocks=True)
 
 
+def _missing(value: Any) -> bool:
+    return value is None or isinstance(value, Undefined)
+
+
 def _ms(value: Any, digits: int = 0) -> str:
-    return "–" if value is None else f"{float(value):,.{digits}f} ms"
+    """A duration in ms for a page (``–`` when missing, e.g. a failed answer's TTFT)."""
+    return "–" if _missing(value) else f"{float(value):,.{digits}f} ms"
 
 
 def _num(value: Any, digits: int = 0) -> str:
-    return "–" if value is None else f"{float(value):,.{digits}f}"
+    """A count for a page, with thousands separators (``–`` when missing)."""
+    return "–" if _missing(value) else f"{float(value):,.{digits}f}"
 
 
 _env.filters["ms"] = _ms

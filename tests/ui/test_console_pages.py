@@ -155,3 +155,31 @@ def test_rest_list_filters_within_budget(world):
         r = c.get("/v1/receipts?within_budget=false", headers={"X-API-Key": world.keys["operator"]})
     assert [x["id"] for x in r.json()["receipts"]] == [world.over_budget]
     assert r.json()["receipts"][0]["within_budget"] is False
+
+
+def test_a_failed_receipt_without_plan_or_output_still_renders(world, operator):
+    import copy
+
+    from receipts.chain import append_receipt
+    from receipts.schema import build_receipt_body
+    from tests.receipts.bodies import sections
+
+    s = copy.deepcopy(sections(status="failed"))
+    for name in ("plan", "prompt", "generator", "timings", "output", "scaffold", "embedder", "retrieval"):
+        s[name] = None
+    s["candidates"] = []
+    s["error"] = {"code": "generation_failed", "message": "the model fell over"}
+    rid = append_receipt(world.services.engine, build_receipt_body(**s)).id
+    try:
+        r = operator.get(f"/ui/receipts/{rid}")
+        listed = operator.get("/ui/receipts?status=failed").text
+    finally:
+        from sqlalchemy import delete
+
+        from foundation.db import WriterLock, write_transaction
+        from receipts.models import ReceiptRow
+
+        with write_transaction(world.services.engine, WriterLock.RECEIPTS) as tx:
+            tx.execute(delete(ReceiptRow).where(ReceiptRow.id == rid))
+    assert r.status_code == 200 and "the model fell over" in r.text and "no first token" in r.text
+    assert _receipt_ids(listed) == [rid]
