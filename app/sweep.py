@@ -43,6 +43,21 @@ class SweepRow:
     relevant_in_top_k: bool | None
 
 
+#: The project's operational questions (JSON, ``[{"id", "question"}]``).
+OPERATIONAL = Path(__file__).resolve().parent / "questions" / "operational.json"
+
+
+def default_questions(data_dir: Path, n_index: int, seed: int) -> list[dict[str, Any]]:
+    """The project's operational questions plus ``n_index`` drawn (with ``seed``) from the book index
+    of the newest PostgreSQL docs fetched under ``<data_dir>/corpora`` (derived at run time, never
+    stored); just the operational ones when no corpus was fetched."""
+    questions = load_questions(OPERATIONAL)
+    corpora = sorted((data_dir / "corpora").glob("postgres-docs-*"))
+    if corpora and n_index > 0:
+        questions += bookindex_questions(corpora[-1], n_index, seed)
+    return questions
+
+
 def load_questions(path: Path) -> list[dict[str, Any]]:
     """Questions from JSON (``[{"id", "question", "relevant": [...]?}]`` or ``["q", ...]``) or text
     (one per line). Raises InvalidInput when the file is empty or malformed."""

@@ -37,14 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
 
-    from app.cli.sweep_cmds import default_questions
     from app.pipeline import AnswerPipeline, AnswerRequest
     from app.services import Services
     from app.settings import get_settings
+    from app.sweep import default_questions
 
     services = Services(get_settings())
     budgets = [float(b) for b in args.budgets.split(",")]
-    questions = default_questions(services, args.index_questions, args.seed)
+    questions = default_questions(services.data_dir, args.index_questions, args.seed)
     pipeline = AnswerPipeline(services)
     pipeline.warm()
     profile = pipeline.profile()

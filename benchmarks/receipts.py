@@ -13,7 +13,7 @@ Usage::
   :func:`receipts.verify.verify_chain` walks it: receipts/s.
 * replay: :func:`receipts.replay.replay` without regeneration over a small store
   written straight into the tables with a deterministic fake retriever
-  (``tests/receipts/fakestore.py``): the receipts side of replay (hash and link,
+  (``receipts/synthetic.py``): the receipts side of replay (hash and link,
   pinned-revision root, re-run retrieval, stored chunks, prompt rebuild, freshness).
   With the real retriever add its own ``retrieve`` latency (benchmarks/retrieve.py).
 
@@ -51,8 +51,8 @@ from receipts.schema import (  # noqa: E402
     build_receipt_body,
     document_versions,  # noqa: E402
 )
+from receipts.synthetic import candidate, sections  # noqa: E402
 from receipts.verify import verify_chain  # noqa: E402
-from tests.receipts.bodies import candidate, sections  # noqa: E402
 
 
 def realistic_body(i: int = 0) -> dict[str, Any]:
@@ -131,7 +131,7 @@ def bench_verify(root: Path, n: int) -> dict[str, Any]:
 
 
 def bench_replay(root: Path, n: int) -> dict[str, Any]:
-    from tests.receipts.fakestore import (
+    from receipts.synthetic import (
         FakeRetriever,
         answer_body,
         make_revision_1,

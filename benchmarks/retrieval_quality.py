@@ -74,9 +74,9 @@ def open_variant(data_dir: Path, chunk_tokens: int = 128, overlap: int = 16) -> 
 
 def ingest_corpus(services: Any, corpus_dir: Path, note: str) -> dict[str, Any]:
     """Ingest every page of ``corpus_dir`` with embeddings as one batch; return the report + seconds."""
-    from app.cli.corpus_cmds import collect
+    from app.ingest import IngestService
 
-    items, rejected = collect([corpus_dir], services.settings.max_document_bytes)
+    items, rejected = IngestService(services).collect([corpus_dir])
     out = ingest_items(services, items, note)
     out["rejected"] += len(rejected)
     return out
@@ -84,16 +84,11 @@ def ingest_corpus(services: Any, corpus_dir: Path, note: str) -> dict[str, Any]:
 
 def ingest_items(services: Any, items: list[Any], note: str) -> dict[str, Any]:
     """Ingest ``items`` (``retrieval.store.IngestItem``) with embeddings as one batch, timed."""
-    from retrieval.chunking import ChunkerConfig
-    from retrieval.store import ingest_batch
+    from app.ingest import IngestService
 
-    s = services.settings
-    embedder, tokenizer, engine = services.embedder, services.tokenizer, services.engine  # loaded first
+    _ = services.embedder, services.tokenizer, services.engine  # loaded before the clock starts
     t0 = time.perf_counter()
-    report = ingest_batch(engine, items, tokenizer=tokenizer,
-                          chunker_config=ChunkerConfig(s.chunk_tokens, s.chunk_overlap_tokens),
-                          embedder=embedder, note=note, progress=True,
-                          max_document_bytes=s.max_document_bytes)
+    report = IngestService(services).ingest(items, note=note, progress=True).report
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "pages": len(items), "rejected": report.counts["rejected"],
             "revision": report.revision, "chunks_added": report.chunks_added,

@@ -95,14 +95,15 @@ def ingest_vs_embedder(services: Any, corpus: Path, batches: int) -> dict[str, A
     """
     from sqlalchemy import text
 
-    from app.cli.corpus_cmds import collect
-    from retrieval.chunking import ChunkerConfig, chunk_text
+    from app.ingest import IngestService
+    from retrieval.chunking import chunk_text
     from retrieval.store import prepare_item
 
     s = services.settings
-    items, _ = collect([corpus], s.max_document_bytes)
+    service = IngestService(services)
+    items, _ = service.collect([corpus])
     emb, engine, tokenizer = services.embedder, services.engine, services.tokenizer
-    config = ChunkerConfig(s.chunk_tokens, s.chunk_overlap_tokens)
+    config = service.chunker_config()
     sql = text("SELECT chunk_hash FROM embeddings WHERE embedder_id = :e")
     size = -(-len(items) // batches)
     tot = {"pages": 0, "chunks_added": 0, "embeddings_added": 0, "ingest_s": 0.0, "embedder_s": 0.0,

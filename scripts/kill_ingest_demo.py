@@ -32,8 +32,8 @@ sys.path.insert(0, str(REPO))
 def main() -> int:
     from sqlalchemy import func, select
 
-    from app.cli.corpus_cmds import SHARED_CORPORA
     from app.db import open_database
+    from app.ingest import SHARED_CORPORA
     from app.settings import get_settings
     from foundation.db import read_session
     from retrieval.corpus import fetch_postgres_docs

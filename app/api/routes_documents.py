@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import get_services, require_role
+from app.ingest import IngestService
 from app.services import Services
 from foundation.errors import (
     EmptyContent,
@@ -28,6 +29,7 @@ from foundation.errors import (
     UnknownDocument,
     UnsupportedType,
 )
+from retrieval.store import IngestItem, ItemResult
 
 router = APIRouter(tags=["documents"])
 
@@ -61,6 +63,11 @@ class DocumentWritePublic(BaseModel):
 
 
 class VersionPublic(BaseModel):
+    """A document version or tombstone. Live in revisions ``[live_from_revision,
+    live_until_revision)`` (open-ended while null). ``text`` and ``n_chunks`` are set when one
+    version is read, null in listings; ``source`` holds the source kind, path, byte size and
+    ``sha256``; ``chunker_id`` names the chunk window and tokenizer that cut it."""
+
     document_id: str
     version: int
     is_tombstone: bool
@@ -76,6 +83,9 @@ class VersionPublic(BaseModel):
 
 
 class DocumentPublic(BaseModel):
+    """A document: the revision that created it, how many versions (tombstones included) it has,
+    and its current version with text (null once deleted)."""
+
     id: str
     created_revision: int
     n_versions: int
@@ -85,6 +95,9 @@ class DocumentPublic(BaseModel):
 
 
 class RevisionPublic(BaseModel):
+    """A corpus revision: its number, ISO-8601 UTC creation time, the root hash over its live
+    documents, how many documents are live, and what the batch that made it changed."""
+
     number: int
     created_at: str
     root_hash: str
@@ -97,30 +110,28 @@ class RevisionPublic(BaseModel):
 
 
 class LiveDocumentPublic(BaseModel):
+    """One document live at a revision: id, version and ``sha256:`` content hash."""
+
     document_id: str
     version: int
     content_hash: str
 
 
 class RevisionDetailPublic(RevisionPublic):
+    """A revision with every document live at it."""
+
     documents: list[LiveDocumentPublic]
 
 
 class RevisionPage(BaseModel):
+    """One page of revisions, newest first, and the latest revision number (0 when empty)."""
+
     latest: int
     revisions: list[RevisionPublic]
 
 
-def api_embedder(services: Services) -> Any:
-    """The embedder used at API ingest (None when ``retrieval.embedding`` is unavailable)."""
-    try:
-        import retrieval.embedding  # noqa: F401
-    except ImportError:
-        return None
-    return services.embedder
-
-
-def _raise_for(result: Any) -> None:
+def _raise_for(result: ItemResult) -> None:
+    """Raise the error a rejected item's ``code`` stands for (``InvalidInput`` for other codes)."""
     cls = _ERRORS.get(result.code or "", InvalidInput)
     if cls is InvalidInput:
         raise InvalidInput(result.reason or "rejected", code=result.code or "invalid_input",
@@ -128,25 +139,16 @@ def _raise_for(result: Any) -> None:
     raise cls(result.reason or "rejected", document_id=result.document_id)
 
 
-def _write(services: Services, items: list[Any], delete_ids: list[str]) -> DocumentWritePublic:
+def _write(services: Services, items: list[IngestItem], delete_ids: list[str]) -> DocumentWritePublic:
     """Ingest ``items`` and delete ``delete_ids`` as one batch (at most one revision).
 
     Raises:
         TooLarge (``too_many_documents``, 413): more than ``max_batch_documents`` in the batch.
         InvalidInput / NotFound: the document (or the deletion) was rejected; nothing is written.
     """
-    from retrieval.chunking import ChunkerConfig
-    from retrieval.store import ingest_batch
-
-    settings = services.settings
-    if len(items) + len(delete_ids) > settings.max_batch_documents:
-        raise TooLarge(f"{len(items) + len(delete_ids)} documents in one batch; the limit is "
-                       f"{settings.max_batch_documents}", code="too_many_documents",
-                       limit=settings.max_batch_documents)
-    config = ChunkerConfig(settings.chunk_tokens, settings.chunk_overlap_tokens)
-    report = ingest_batch(services.engine, items, tokenizer=services.tokenizer, chunker_config=config,
-                          embedder=api_embedder(services), delete_ids=delete_ids,
-                          max_document_bytes=settings.max_document_bytes)
+    outcome = IngestService(services).ingest(items, delete_ids=delete_ids,
+                                             max_documents=services.settings.max_batch_documents)
+    report = outcome.report
     result = report.results[0]
     if result.status == "rejected":
         _raise_for(result)
@@ -166,8 +168,6 @@ def create_document(body: DocumentCreate, response: Response,
     422 ``empty_content`` / ``invalid_encoding`` / ``unsupported_type`` / ``invalid_input``,
     413 ``too_large``; nothing is written then.
     """
-    from retrieval.store import IngestItem
-
     out = _write(services, [IngestItem(body.id, text=body.text, kind=body.kind, metadata=body.metadata)], [])
     if out.status == "unchanged":
         response.status_code = 200

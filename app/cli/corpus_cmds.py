@@ -9,14 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from app.cli.common import add_json_flag, emit
-from foundation.errors import InvalidInput, RagBudgetError, TooLarge, UnknownDocument
+from foundation.errors import UnknownDocument
 
-REPO = Path(__file__).resolve().parents[2]
-SHARED_CORPORA = REPO.parent / "shared" / "corpora"
 EXIT_REJECTED = 2  # same code as any other bad input (app.cli.common.EXIT_CODES)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``ingest``, ``corpus fetch``, ``revisions`` and ``documents`` to the CLI."""
     ing = sub.add_parser("ingest", help="ingest files or directories as one batch (one new revision)")
     ing.add_argument("paths", nargs="+", type=Path, help=".txt .md .rst .html/.htm files or directories")
     ing.add_argument("--id", dest="document_id", default=None,
@@ -70,64 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 # --- ingest ------------------------------------------------------------------------------------
 
-def collect(paths: list[Path], max_bytes: int, document_id: str | None = None) -> tuple[list[Any], list[Any]]:
-    """Files under ``paths`` as ``IngestItem``s, plus ``ItemResult`` rejections found before reading.
-
-    A directory is its own ingest root (ids are paths relative to it, ``/``-separated;
-    hidden files and directories are skipped); a file's root is its parent.
-    """
-    from retrieval.extract import kind_for_suffix
-    from retrieval.store import IngestItem, ItemResult
-
-    if document_id is not None and (len(paths) != 1 or not paths[0].is_file()):
-        raise InvalidInput("--id needs exactly one file path")
-    found: list[tuple[str, Path]] = []
-    rejected: list[ItemResult] = []
-    for root in paths:
-        if root.is_dir():
-            for f in sorted(root.rglob("*")):
-                rel = f.relative_to(root)
-                if f.is_file() and not any(part.startswith(".") for part in rel.parts):
-                    found.append((rel.as_posix(), f))
-        elif root.is_file():
-            found.append((document_id or root.name, root))
-        else:
-            rejected.append(ItemResult(str(root), "rejected", reason=f"no such file or directory: {root}",
-                                       code="not_found"))
-    items = []
-    for doc_id, f in found:
-        try:
-            kind = kind_for_suffix(f.name)
-            size = f.stat().st_size
-            if size > max_bytes:
-                raise TooLarge(f"{size} bytes; the limit is {max_bytes}")
-            items.append(IngestItem(doc_id, raw=f.read_bytes(), kind=kind, source_path=str(f)))
-        except RagBudgetError as exc:
-            rejected.append(ItemResult(doc_id, "rejected", reason=exc.message, code=exc.code))
-        except OSError as exc:
-            rejected.append(ItemResult(doc_id, "rejected", reason=f"cannot read {f}: {exc.strerror}",
-                                       code="unreadable"))
-    return items, rejected
-
-
-def _embedder(args: argparse.Namespace, services: Any) -> tuple[Any, str | None]:
-    if args.no_embed:
-        return None, "embeddings skipped (--no-embed)"
-    try:
-        import retrieval.embedding  # noqa: F401
-    except ImportError:
-        return None, "retrieval.embedding is not available: ingesting without embeddings"
-    return services.embedder, None
-
-
-def _word_pieces(services: Any) -> Any:
-    from retrieval.chunking import wordpiece_counter
-    from retrieval.embedding import packaged_embedder_path
-
-    return wordpiece_counter(services.settings.embedder_path or packaged_embedder_path())
-
-
-def _render_report(p: dict[str, Any]) -> str:
+def render_ingest_report(p: dict[str, Any]) -> str:
+    """Human summary of an ingest report's JSON form (``IngestOutcome.to_dict``): counts, the new
+    revision, timing, every rejected file with its code and reason, and notes."""
     c = p["counts"]
     head = (f"revision {p['revision']} (previous {p['previous_revision']})" if p["revision"]
             else f"no change: still at revision {p['previous_revision']}")
@@ -146,41 +90,23 @@ def _render_report(p: dict[str, Any]) -> str:
 
 
 def cmd_ingest(args: argparse.Namespace, services: Any) -> int:
-    from foundation.db import read_session
-    from retrieval.chunking import ChunkerConfig
-    from retrieval.store import ingest_batch, latest_revision, state_at
+    """``ragbudget ingest PATH...``: one batch; exit 2 when any file was rejected."""
+    from app.ingest import IngestService
 
-    settings = services.settings
-    config = ChunkerConfig(settings.chunk_tokens, settings.chunk_overlap_tokens)  # InvalidConfig first
-    items, rejected = collect(args.paths, settings.max_document_bytes, args.document_id)
-    engine = services.engine
-    delete_ids: list[str] = []
-    if args.delete_missing:
-        present = {it.document_id for it in items} | {r.document_id for r in rejected}
-        with read_session(engine) as s:
-            delete_ids = [v.document_id for v in state_at(s, latest_revision(s))
-                          if v.document_id not in present]
-    embedder, note = _embedder(args, services)
-    if note and not args.json:
-        print(f"note: {note}", file=sys.stderr)
-    report = ingest_batch(
-        engine, items, tokenizer=services.tokenizer, chunker_config=config, embedder=embedder,
-        delete_ids=delete_ids, note=args.note, progress=True, max_document_bytes=settings.max_document_bytes,
-        embed_token_count=None if embedder is not None else _word_pieces(services))
-    report.results.extend(rejected)
-    payload = report.to_dict()
-    if note:
-        payload["notes"] = [note]
-    emit(args, payload, _render_report)
-    return EXIT_REJECTED if report.counts["rejected"] else 0
+    outcome = IngestService(services).ingest_paths(args.paths, document_id=args.document_id,
+                                                   delete_missing=args.delete_missing,
+                                                   embed=not args.no_embed, note=args.note, progress=True)
+    emit(args, outcome.to_dict(), render_ingest_report)
+    return EXIT_REJECTED if outcome.report.counts["rejected"] else 0
 
 
 # --- corpus fetch ----------------------------------------------------------------------------------
 
 def cmd_fetch(args: argparse.Namespace, services: Any) -> int:
-    from retrieval.corpus import fetch_postgres_docs
+    """``ragbudget corpus fetch postgres-docs --version V``: unpack the docs; print their folder."""
+    from app.ingest import IngestService
 
-    result = fetch_postgres_docs(services.data_dir, args.version, deb=args.deb, search_dirs=[SHARED_CORPORA])
+    result = IngestService(services).fetch_postgres_docs(args.version, deb=args.deb)
     emit(args, result.to_dict(), lambda p: p["path"])
     if not args.json:
         print(f"{result.pages} pages of PostgreSQL {result.version} docs from {result.deb}"
@@ -191,6 +117,7 @@ def cmd_fetch(args: argparse.Namespace, services: Any) -> int:
 # --- revisions and documents --------------------------------------------------------------------------
 
 def cmd_revisions_list(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget revisions [list]``: every revision, newest first (``--limit``)."""
     from foundation.db import read_session
     from retrieval.store import list_revisions
 
@@ -211,6 +138,7 @@ def cmd_revisions_list(args: argparse.Namespace, services: Any) -> int:
 
 
 def cmd_revisions_show(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget revisions show [N]``: one revision (default the latest) and its live documents."""
     from foundation.db import read_session
     from retrieval.store import get_revision, latest_revision, state_at
 
@@ -231,6 +159,8 @@ def cmd_revisions_show(args: argparse.Namespace, services: Any) -> int:
 
 
 def cmd_revisions_verify(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget revisions verify``: recompute every root hash and check the store's invariants;
+    exit 4 when anything is inconsistent."""
     from foundation.db import read_session
     from retrieval.store import latest_revision, verify_store
 
@@ -244,6 +174,7 @@ def cmd_revisions_verify(args: argparse.Namespace, services: Any) -> int:
 
 
 def cmd_documents_show(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget documents show ID [--version N]``: a version's text (default: the live one)."""
     from foundation.db import read_session
     from retrieval.store import get_document, get_version
 
@@ -268,6 +199,7 @@ def cmd_documents_show(args: argparse.Namespace, services: Any) -> int:
 
 
 def cmd_documents_versions(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget documents versions ID``: every version and tombstone, oldest first."""
     from foundation.db import read_session
     from retrieval.store import list_versions
 

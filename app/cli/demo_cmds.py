@@ -10,8 +10,9 @@
    with its freshness section.
 
 Progress is kept in ``<data_dir>/demo-state.json``, so a re-run skips what is
-done. Every step goes through the same commands a user would type, in one
-process, so models are loaded once.
+done. Every step calls the same services as the commands a user would type
+(``app.ingest``, the calibration, ``app.receipt_wiring``) and prints what they
+print, in one process, so models are loaded once.
 """
 
 from __future__ import annotations
@@ -45,14 +46,6 @@ def _banner(text: str) -> None:
     print(f"\n=== {text} ===", flush=True)
 
 
-def _run(services: Any, argv: list[str]) -> int:
-    """Run one CLI command in this process, sharing ``services`` (models load once)."""
-    from app.cli.main import build_parser
-
-    args = build_parser().parse_args(argv)
-    return int(args.func(args, services) or 0)
-
-
 class DemoState:
     """What the demo has done, persisted as JSON next to the data."""
 
@@ -73,23 +66,24 @@ class DemoState:
 
 
 def _ingest(services: Any, state: DemoState, version: str) -> None:
-    from app.cli.corpus_cmds import SHARED_CORPORA
-    from retrieval.corpus import fetch_postgres_docs
+    from app.cli.corpus_cmds import render_ingest_report
+    from app.ingest import IngestService
+    from foundation.db import read_session
+    from retrieval.store import latest_revision
 
     key = f"ingested_{version}"
     if state.get(key):
         print(f"PostgreSQL {version} docs already ingested at revision {state.get(key)}; skipping")
         return
-    fetched = fetch_postgres_docs(services.data_dir, version, search_dirs=[SHARED_CORPORA])
+    service = IngestService(services)
+    fetched = service.fetch_postgres_docs(version)
     print(f"{fetched.pages} pages of PostgreSQL {version} docs in {fetched.path}", flush=True)
     t0 = time.perf_counter()
-    rc = _run(services, ["ingest", str(fetched.path), "--delete-missing", "--note",
-                         f"postgresql-doc-15 {version}"])
-    if rc != 0:
-        raise SystemExit(f"ingest of {version} failed (exit {rc})")
-    from foundation.db import read_session
-    from retrieval.store import latest_revision
-
+    outcome = service.ingest_paths([Path(fetched.path)], delete_missing=True,
+                                   note=f"postgresql-doc-15 {version}", progress=True)
+    print(render_ingest_report(outcome.to_dict()), flush=True)
+    if outcome.report.counts["rejected"]:
+        raise SystemExit(f"ingest of {version} rejected {outcome.report.counts['rejected']} pages")
     with read_session(services.engine) as s:
         rev = latest_revision(s)
     print(f"ingest wall time {time.perf_counter() - t0:.1f} s", flush=True)
@@ -97,6 +91,7 @@ def _ingest(services: Any, state: DemoState, version: str) -> None:
 
 
 def _calibrate(services: Any, state: DemoState) -> None:
+    from app.cli.latency_cmds import calibrate_profile, describe
     from app.profile_store import find_profile, key_of
 
     key = key_of(dict(services.generator.identity))
@@ -104,9 +99,8 @@ def _calibrate(services: Any, state: DemoState) -> None:
     if found is not None:
         print(f"fitted latency profile {found.id} exists for this device and model; reusing it")
         return
-    rc = _run(services, ["calibrate", "--quick"])
-    if rc != 0:
-        raise SystemExit(f"calibration failed (exit {rc})")
+    summary = calibrate_profile(services, quick=True)
+    print(describe(summary) + f"\n  saved    {summary['saved_to']}", flush=True)
 
 
 def _ask(services: Any, state: DemoState, budget_ms: float, max_new: int) -> list[str]:
@@ -162,7 +156,11 @@ def cmd_demo(args: argparse.Namespace, services: Any) -> int:  # type: ignore[no
     _banner("5/5 replay an earlier receipt against the pinned revision")
     rc = 0
     if receipts:
-        rid = _pick_receipt(services, receipts)
-        rc = _run(services, ["replay", rid, "--regenerate"])
+        from app.cli.receipt_cmds import EXIT_VERIFY_FAILED
+        from app.receipt_wiring import replay_receipt
+
+        report = replay_receipt(services, _pick_receipt(services, receipts), regenerate=True)
+        print(report.render(), flush=True)
+        rc = 0 if report.ok else EXIT_VERIFY_FAILED
     print(f"\nmain job finished in {time.perf_counter() - t0:.0f} s (data in {services.data_dir})")
     return rc

@@ -90,6 +90,25 @@ def describe(profile: dict[str, Any]) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget calibrate``: fit a profile for this device and generator, print and store it."""
+    payload = calibrate_profile(services, quick=args.quick, seed=args.seed, cached_tokens=args.cached_tokens,
+                                prefill_model=args.prefill_model, progress=not args.no_progress,
+                                save=not args.no_save)
+    emit(args, payload, lambda p: describe(p) + (f"\n  saved    {p['saved_to']}" if p["saved_to"] else ""))
+    return 0
+
+
+def calibrate_profile(services: Any, *, quick: bool, seed: int = 0, cached_tokens: list[int] | None = None,
+                      prefill_model: str | None = None, progress: bool = True,
+                      save: bool = True) -> dict[str, Any]:
+    """Time the generator on the quick or full grid, fit a profile and (``save``) store it.
+
+    ``cached_tokens`` defaults to the sizes of the scaffolds in use. Returns the
+    profile's summary with ``saved_to`` (the JSON file, or None).
+
+    Raises:
+        InvalidConfig: the generator cannot be timed (no ``prefill_ms``/``decode_step_ms``).
+    """
     from app.profile_store import save_profile
     from latency_model.calibration import PrefillTimer, calibrate, full_grid, quick_grid
 
@@ -97,25 +116,22 @@ def cmd_calibrate(args: argparse.Namespace, services: Any) -> int:
     if not isinstance(timer, PrefillTimer):
         raise InvalidConfig("the configured generator cannot be timed (no prefill_ms/decode_step_ms)")
     window = int(timer.identity.get("context_window") or getattr(timer, "context_window", 0) or 2048)
-    cached = args.cached_tokens if args.cached_tokens is not None else scaffold_sizes(services)
-    grid = (quick_grid if args.quick else full_grid)(window, list(cached))
-    _print_estimate(services, timer, grid, args)
-    profile = calibrate(timer, grid=grid, seed=args.seed, progress=not args.no_progress,
-                        prefill_model=args.prefill_model)
-    path = None if args.no_save else save_profile(services.engine, services.data_dir, profile)
-    payload = {**profile.summary(), "saved_to": str(path) if path else None}
-    emit(args, payload, lambda p: describe(p) + (f"\n  saved    {p['saved_to']}" if p["saved_to"] else ""))
-    return 0
+    cached = cached_tokens if cached_tokens is not None else scaffold_sizes(services)
+    grid = (quick_grid if quick else full_grid)(window, list(cached))
+    _print_estimate(services, timer, grid, seed, progress)
+    profile = calibrate(timer, grid=grid, seed=seed, progress=progress, prefill_model=prefill_model)
+    path = save_profile(services.engine, services.data_dir, profile) if save else None
+    return {**profile.summary(), "saved_to": str(path) if path else None}
 
 
-def _print_estimate(services: Any, timer: Any, grid: Any, args: argparse.Namespace) -> None:
+def _print_estimate(services: Any, timer: Any, grid: Any, seed: int, progress: bool) -> None:
     """Tell stderr how long the grid should take, when a fitted profile of this generator exists."""
     from app.profile_store import find_profile, key_of
     from latency_model.calibration import estimate_seconds
 
     previous = find_profile(services.engine, key_of(dict(timer.identity)), "fitted")
-    if previous is not None and not args.no_progress:
-        print(f"{grid.name} grid: about {estimate_seconds(grid, previous, args.seed):.0f} s "
+    if previous is not None and progress:
+        print(f"{grid.name} grid: about {estimate_seconds(grid, previous, seed):.0f} s "
               f"(from profile {previous.id[:19]})", file=sys.stderr)
 
 

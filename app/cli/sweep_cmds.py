@@ -10,8 +10,6 @@ from typing import Any
 from app.cli.common import add_json_flag, emit
 from foundation.errors import InvalidInput
 
-OPERATIONAL = Path(__file__).resolve().parent.parent / "questions" / "operational.json"
-
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s = sub.add_parser("sweep", help="measure TTFT against k (and recall@k): the tuning report")
@@ -50,21 +48,17 @@ def _budgets(text: str) -> list[float]:
     return values
 
 
-def default_questions(services: Any, n_index: int, seed: int) -> list[dict[str, Any]]:
-    """The project's operational questions plus ``n_index`` drawn from the newest fetched
-    PostgreSQL docs' book index (derived at run time, never stored)."""
-    from app.sweep import bookindex_questions, load_questions
-
-    questions = load_questions(OPERATIONAL)
-    corpora = sorted((services.data_dir / "corpora").glob("postgres-docs-*"))
-    if corpora and n_index > 0:
-        questions += bookindex_questions(corpora[-1], n_index, seed)
-    return questions
-
-
 def cmd_sweep(args: argparse.Namespace, services: Any) -> int:
     from app.pipeline import AnswerPipeline
-    from app.sweep import apply_labels, load_labels, load_questions, record_last, run_sweep, write_outputs
+    from app.sweep import (
+        apply_labels,
+        default_questions,
+        load_labels,
+        load_questions,
+        record_last,
+        run_sweep,
+        write_outputs,
+    )
 
     budgets = _budgets(args.budgets)
     if not 0 <= args.k_max <= services.settings.max_k:
@@ -72,7 +66,7 @@ def cmd_sweep(args: argparse.Namespace, services: Any) -> int:
     if args.repeats < 1:
         raise InvalidInput("--repeats must be >= 1", code="invalid_repeats")
     questions = (load_questions(args.questions) if args.questions
-                 else default_questions(services, args.index_questions, args.seed))
+                 else default_questions(services.data_dir, args.index_questions, args.seed))
     if args.labels:
         unmatched = apply_labels(questions, load_labels(args.labels))
         if unmatched:

@@ -17,8 +17,8 @@ from receipts.chain import (
 )
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.schema import FORMAT_VERSION
+from receipts.synthetic import body, candidate
 from receipts.verify import verify_chain
-from tests.receipts.bodies import body, candidate
 
 
 def test_first_receipt_links_to_genesis_and_has_seq_1(engine):

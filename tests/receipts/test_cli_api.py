@@ -15,7 +15,7 @@ from app.settings import get_settings
 from foundation.db import WriterLock, write_transaction
 from receipts.chain import append_receipt
 from receipts.models import ReceiptRow
-from tests.receipts.fakestore import (
+from receipts.synthetic import (
     FakeRetriever,
     answer_body,
     make_revision_1,

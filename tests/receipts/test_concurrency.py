@@ -8,8 +8,8 @@ from sqlalchemy import select
 from foundation.db import read_session
 from receipts.chain import append_receipt
 from receipts.models import ReceiptRow
+from receipts.synthetic import body
 from receipts.verify import verify_chain
-from tests.receipts.bodies import body
 from tests.receipts.workers import append_many
 
 

@@ -1,6 +1,5 @@
 from receipts.freshness import freshness, render_freshness
-from tests.receipts.bodies import body, candidate
-from tests.receipts.fakestore import make_revision_1, make_revisions_2_3
+from receipts.synthetic import body, candidate, make_revision_1, make_revisions_2_3
 
 
 def _body():

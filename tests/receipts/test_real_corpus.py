@@ -20,10 +20,10 @@ from app.db import open_database
 from app.settings import get_settings
 from receipts.chain import append_receipt
 from receipts.replay import replay
+from receipts.synthetic import sections
 from receipts.verify import verify_chain
 from retrieval.extract import html_to_text
 from tests.conftest import CORPORA
-from tests.receipts.bodies import sections
 
 pytestmark = pytest.mark.slow
 

@@ -11,14 +11,14 @@ from foundation.hashing import canonical_json, sha256_ints
 from receipts.chain import append_receipt
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.replay import replay
-from retrieval.models import Chunk, Revision
-from tests.receipts.fakestore import (
+from receipts.synthetic import (
     FakeRetriever,
     answer_body,
     make_revision_1,
     make_revisions_2_3,
     rebuild_prompt,
 )
+from retrieval.models import Chunk, Revision
 
 
 @pytest.fixture

@@ -5,9 +5,8 @@ import pytest
 from receipts.chain import append_receipt
 from receipts.replay import replay
 from receipts.schema import build_receipt_body
+from receipts.synthetic import fake_prompt, rebuild_prompt, sections
 from retrieval.retriever import Retriever
-from tests.receipts.bodies import sections
-from tests.receipts.fakestore import fake_prompt, rebuild_prompt
 from tests.retrieval.corpus import FixtureCorpus
 from tests.retrieval.fakes import HashingEmbedder
 

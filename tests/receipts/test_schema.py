@@ -5,7 +5,7 @@ import pytest
 
 from foundation.errors import InvalidInput
 from receipts.schema import FORMAT_VERSION, build_receipt_body, cited_candidates
-from tests.receipts.bodies import body, sections
+from receipts.synthetic import body, sections
 
 
 def test_built_body_carries_the_format_version():

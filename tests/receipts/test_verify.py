@@ -8,8 +8,8 @@ from foundation.db import WriterLock, write_transaction
 from foundation.hashing import canonical_json
 from receipts.chain import append_receipt, receipt_hash
 from receipts.models import ReceiptDocument, ReceiptRow
+from receipts.synthetic import body
 from receipts.verify import verify_chain
-from tests.receipts.bodies import body
 
 
 def _chain(engine, n=5):

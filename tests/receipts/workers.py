@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from foundation.db import make_engine
 from receipts.chain import append_receipt
-from tests.receipts.bodies import body
+from receipts.synthetic import body
 
 
 def append_many(url: str, tag: str, n: int) -> list[str]:

@@ -68,10 +68,10 @@ def store_settings(tmp_path: Path, db_url: str, generator_dir: Path):  # type: i
 @pytest.fixture
 def services_factory(tokenizer, monkeypatch):  # type: ignore[no-untyped-def]
     """``make(settings) -> Services`` with the session tokenizer preloaded and no embedder."""
-    import app.api.routes_documents as routes
+    from app.ingest import IngestService
     from app.services import Services
 
-    monkeypatch.setattr(routes, "api_embedder", lambda services: None)
+    monkeypatch.setattr(IngestService, "embedder", lambda self, embed=True: (None, None))
     made = []
 
     def make(settings):  # type: ignore[no-untyped-def]

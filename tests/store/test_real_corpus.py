@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli.corpus_cmds import collect
 from app.db import open_database
+from app.ingest import collect_files
 from app.settings import get_settings
 from foundation.db import read_session
 from retrieval.chunking import ChunkerConfig
@@ -32,7 +32,7 @@ def test_15_18_then_15_20_adds_two_release_notes_and_updates_only_changed_pages(
     config = ChunkerConfig(128, 16)
 
     def ingest(version: str):  # type: ignore[no-untyped-def]
-        items, rejected = collect([pages[version]], 20 * 2**20)
+        items, rejected = collect_files([pages[version]], 20 * 2**20)
         assert rejected == []
         return ingest_batch(engine, items, tokenizer=tokenizer, chunker_config=config,
                             embed_token_count=embed_count)

@@ -1,13 +1,23 @@
-"""A tiny versioned store written straight into the tables, and a deterministic fake retriever.
+"""Synthetic receipts and a tiny hand-written store, for tests and benchmarks without models.
 
-History (revision: change):
+Bodies: :func:`candidate`, :func:`sections` (keyword sections for
+``receipts.schema.build_receipt_body``) and :func:`body` give small, valid
+receipt bodies. Store: :func:`make_revision_1` and :func:`make_revisions_2_3`
+write this history straight into the tables (revision: change):
+
   1: doc-a v1 (chunks 1001, 1003), doc-b v1 (chunk 1002), doc-c v1 (chunk 1004) added
   2: doc-a updated to v2 (chunk 2001)
   3: doc-b deleted (tombstone v2)
+
+and :class:`FakeRetriever` ranks its chunks deterministically (a hash of query
+and chunk text as the score), pinned by revision, so the receipts side of an
+answer and of replay (hash and link, pinned root, prompt rebuild, freshness)
+runs without an embedder or a generator. Nothing here is used on the answer path.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +29,64 @@ from foundation.db import WriterLock, read_session, write_transaction
 from foundation.hashing import sha256_ints, sha256_json, sha256_text
 from receipts.schema import build_receipt_body
 from retrieval.models import Chunk, Document, DocumentVersion, Revision
-from tests.receipts.bodies import sections
 
+#: The corpus root hash the default bodies pin.
+ROOT = "sha256:" + "a" * 64
+
+
+def candidate(rank: int, document_id: str = "doc-a", version: int = 1, score: float = 0.5,
+              chunk_id: int | None = None) -> dict[str, Any]:
+    """One retrieval candidate of a receipt (``chunk_id`` defaults to ``1000 + rank``)."""
+    cid = chunk_id if chunk_id is not None else 1000 + rank
+    return {"rank": rank, "score": score, "chunk_id": cid, "document_id": document_id,
+            "version": version, "chunk_hash": sha256_text(f"chunk {cid}")}
+
+
+def sections(question: str = "How do I archive WAL?", *, status: str = "ok",
+             candidates: list[dict[str, Any]] | None = None, revision: int = 1,
+             root_hash: str = ROOT, chosen_k: int = 2) -> dict[str, Any]:
+    """Keyword sections for ``build_receipt_body``; override what a test needs."""
+    cands = candidates if candidates is not None else [
+        candidate(1, "doc-a", 1, 0.8125), candidate(2, "doc-b", 1, 0.71875), candidate(3, "doc-a", 1, 0.5)]
+    out_ids = [5, 6, 7]
+    return {
+        "question": question,
+        "corpus": {"revision": revision, "root_hash": root_hash},
+        "embedder": {"id": "sha256:" + "e" * 64, "identity": {"model": "fake", "batch_size": 1}},
+        "retrieval": {"k_candidates": len(cands), "index": {"kind": "flat_ip"},
+                      "query_truncated": False},
+        "candidates": cands,
+        "plan": {"budget_ms": 800.0, "chosen_k": chosen_k, "binding": "budget",
+                 "predicted_ttft_p50_ms": 310.5, "predicted_ttft_p95_ms": 402.25,
+                 "profile_id": "prof-1", "profile_source": "fitted", "overhead_ms": 12.0,
+                 "rows": [{"k": 0, "p95_ms": 100.0}, {"k": 1, "p95_ms": 250.0}]},
+        "scaffold": {"id": 1, "name": "default", "hash": sha256_text("scaffold")},
+        "prompt": {"token_ids_hash": sha256_ints([1, 2, 3]), "prompt_tokens": 300,
+                   "cached_tokens": 120, "computed_tokens": 180},
+        "generator": {"backend": "local", "model_id": "smollm2-135m", "weights_hash": "sha256:" + "b" * 64,
+                      "dtype": "float32", "device": "cpu",
+                      "params": {"max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "seed": 0}},
+        "timings": {"queue_ms": 0.5, "ttft_ms": 290.0, "tpot_ms": 21.0, "retrieval_ms": 9.5,
+                    "total_ms": 600.0},
+        "output": {"text": "Use archive_command.", "text_hash": sha256_text("Use archive_command."),
+                   "token_ids_hash": sha256_ints(out_ids), "output_tokens": 3, "token_ids": out_ids},
+        "status": status,
+        "error": None,
+        "software": {"python": "3.11.2", "torch": "2.13.0", "transformers": "5.24", "sentence_transformers":
+                     "6.2", "faiss": "1.15", "ragbudget": "0.1.0"},
+    }
+
+
+def body(**kwargs: Any) -> dict[str, Any]:
+    """A validated body built from :func:`sections`."""
+    return build_receipt_body(**copy.deepcopy(sections(**kwargs)))
+
+
+# --- the store and the fake retriever ------------------------------------------------------------
+
+#: The embedder id the fake retriever reports.
 EMBEDDER_ID = "sha256:" + "e" * 64
+#: Chunk id -> chunk text of the synthetic store.
 TEXTS = {1001: "WAL archiving copies segments with archive_command.",
          1003: "restore_command fetches archived segments.",
          1002: "autovacuum removes dead tuples.",
@@ -30,6 +95,7 @@ TEXTS = {1001: "WAL archiving copies segments with archive_command.",
 
 
 def root(revision: int) -> str:
+    """The synthetic root hash of ``revision`` (``sha256_json({"revision": n})``)."""
     return sha256_json({"revision": revision})
 
 
@@ -51,6 +117,7 @@ def _version(s: Any, doc: str, version: int, rev: int, chunk_ids: list[int], tom
 
 
 def make_revision_1(engine: Engine) -> None:
+    """Write revision 1 (doc-a, doc-b, doc-c) into an empty store."""
     with write_transaction(engine, WriterLock.CORPUS) as s:
         _revision(s, 1)
         for doc in ("doc-a", "doc-b", "doc-c"):
@@ -62,6 +129,7 @@ def make_revision_1(engine: Engine) -> None:
 
 
 def make_revisions_2_3(engine: Engine) -> None:
+    """Write revisions 2 (doc-a v2) and 3 (doc-b deleted) on top of :func:`make_revision_1`."""
     with write_transaction(engine, WriterLock.CORPUS) as s:
         _revision(s, 2)
         s.execute(update(DocumentVersion).where(DocumentVersion.document_id == "doc-a",
@@ -75,6 +143,8 @@ def make_revisions_2_3(engine: Engine) -> None:
 
 @dataclass
 class Hit:
+    """One ranked chunk, shaped like ``retrieval.retriever``'s hits."""
+
     rank: int
     score: float
     chunk_id: int
@@ -86,6 +156,8 @@ class Hit:
 
 @dataclass
 class Result:
+    """A retrieval result pinned to ``revision``, shaped like ``retrieval.retriever``'s."""
+
     revision: int
     root_hash: str
     embedder_id: str
@@ -101,9 +173,10 @@ class FakeRetriever:
         self.calls = 0
 
     def retrieve(self, query: str, k: int, revision: int | None = None) -> Result:
+        """The ``k`` best chunks live at ``revision`` (default: the latest); ties by chunk id."""
         self.calls += 1
         with read_session(self.engine) as s:
-            rev = revision or s.scalar(select(Revision.number).order_by(Revision.number.desc()))
+            rev = int(revision or s.scalar(select(Revision.number).order_by(Revision.number.desc())) or 0)
             rows = s.execute(
                 select(Chunk.id, Chunk.chunk_hash, Chunk.text, DocumentVersion.document_id,
                        DocumentVersion.version)
@@ -130,6 +203,7 @@ def fake_prompt(question: str, hits: list[Any]) -> tuple[str, int]:
 
 
 def rebuild_prompt(body: dict[str, Any], hits: list[Any]) -> tuple[str, int]:
+    """Replay's prompt-rebuild hook over :func:`fake_prompt`: ``(token_ids_hash, n_tokens)``."""
     return fake_prompt(body["question"], hits)
 
 
