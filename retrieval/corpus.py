@@ -43,6 +43,7 @@ class FetchResult:
     reused: bool
 
     def to_dict(self) -> dict[str, object]:
+        """The fields as a JSON-ready dict."""
         return asdict(self)
 
 

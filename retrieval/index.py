@@ -81,6 +81,7 @@ class Selection:
     n_selected: int
 
     def selector(self) -> Any:
+        """A FAISS ``IDSelectorBitmap`` over :attr:`bitmap` (valid while the bitmap lives)."""
         return faiss.IDSelectorBitmap(len(self.bitmap), faiss.swig_ptr(self.bitmap))
 
 
@@ -162,6 +163,7 @@ class VectorIndex:
 
     @property
     def ntotal(self) -> int:
+        """Number of vectors in the index."""
         return int(self.index.ntotal)
 
     def memory_bytes(self) -> int:

@@ -10,6 +10,7 @@ and it is not a tombstone.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ class RevisionInfo:
     note: str | None
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict."""
         return asdict(self)
 
 
@@ -69,6 +71,7 @@ class VersionInfo:
     n_chunks: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict."""
         return asdict(self)
 
 
@@ -84,7 +87,38 @@ class DocumentInfo:
     current: VersionInfo | None
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict."""
         return asdict(self)
+
+
+#: Ids per ``IN (...)`` query, well under SQLite's bound-variable limit.
+IN_BATCH = 500
+
+
+@dataclass(frozen=True)
+class CurrentRow:
+    """A document's newest row (live version or tombstone): its version, row id and content hash."""
+
+    version: int
+    version_id: int
+    is_tombstone: bool
+    content_hash: str | None
+
+
+def current_rows(session: Session, ids: Iterable[str]) -> dict[str, CurrentRow]:
+    """The newest row (``live_until_revision IS NULL``) per document id; ids never stored are absent."""
+    ids = list(dict.fromkeys(ids))
+    out: dict[str, CurrentRow] = {}
+    for k in range(0, len(ids), IN_BATCH):
+        rows = session.execute(
+            select(DocumentVersion.document_id, DocumentVersion.version, DocumentVersion.id,
+                   DocumentVersion.is_tombstone, DocumentVersion.content_hash)
+            .where(DocumentVersion.document_id.in_(ids[k:k + IN_BATCH]),
+                   DocumentVersion.live_until_revision.is_(None))
+        ).all()
+        for r in rows:
+            out[r[0]] = CurrentRow(r[1], r[2], bool(r[3]), r[4])
+    return out
 
 
 def root_hash(pairs: list[tuple[str, str]]) -> str:

@@ -46,15 +46,19 @@ class HFTextTokenizer:
 
     @property
     def tokenizer_id(self) -> str:
+        """``sha256:`` of the tokenizer's serialised state (vocabulary, merges, normaliser)."""
         return self._id
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, no special tokens added (special-token text is split as text)."""
         return list(self.hf(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids and each token's ``(start, end)`` character span in ``text``."""
         enc = self.hf(text, add_special_tokens=False, split_special_tokens=True,
                       return_offsets_mapping=True)
         return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
 
     def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``, special tokens kept."""
         return str(self.hf.decode(ids, skip_special_tokens=False))

@@ -235,12 +235,12 @@ def test_editing_a_document_leaves_the_old_chunks_only_at_the_old_revision(engin
 
 def test_a_failure_inside_the_batch_rolls_everything_back(engine, ingest, monkeypatch):
     ingest([IngestItem("a", text="Alpha.")])
-    import retrieval.store as store
+    import retrieval.commit as commit
 
     def boom() -> None:
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(store, "_pause_for_tests", boom)
+    monkeypatch.setattr(commit, "_pause_for_tests", boom)
     with pytest.raises(RuntimeError):
         ingest([IngestItem("a", text="Alpha two."), IngestItem("b", text="Beta.")])
     assert head(engine) == 1

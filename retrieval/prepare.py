@@ -1,0 +1,205 @@
+"""The prepare phase of an ingest batch: validate, extract, normalise, hash and chunk, outside any lock.
+
+This is the slow part of a batch (extraction and chunking are CPU-bound), so it
+runs before the write transaction (``retrieval.commit``). For each item it
+produces a :class:`Prepared` (the extracted text, its ``sha256:`` content hash,
+the source bytes' hash, the metadata JSON, and the chunks when the text differs
+from the live version read beforehand), or an ``ItemResult`` rejection with a
+code and reason; one bad item never stops the others.
+"""
+
+from __future__ import annotations
+
+import sys
+import unicodedata
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from foundation.errors import InvalidInput, RagBudgetError, TooLarge
+from foundation.hashing import canonical_json, sha256_bytes, sha256_text
+from retrieval.chunking import ChunkerConfig, ChunkSpan, chunk_text
+from retrieval.extract import check_kind, check_text, extract_text, finish_text
+from retrieval.revisions import CurrentRow
+from retrieval.tokens import TextTokenizer
+
+MAX_DOCUMENT_ID_CHARS = 1024
+
+
+@dataclass
+class IngestItem:
+    """One document to ingest: ``text`` (already decoded) or ``raw`` bytes of ``kind``."""
+
+    document_id: str
+    text: str | None = None
+    raw: bytes | None = None
+    kind: str = "txt"
+    metadata: dict[str, Any] = field(default_factory=dict)
+    source_path: str | None = None
+
+
+@dataclass
+class ItemResult:
+    """The outcome for one item or deletion; ``code`` and ``reason`` are set when rejected."""
+
+    document_id: str
+    status: str
+    version: int | None = None
+    reason: str | None = None
+    code: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass
+class Prepared:
+    """One item ready to commit: position ``index`` in the batch, extracted ``text`` and its hashes,
+    the metadata JSON, and ``chunks`` (None while the pre-read said the text is unchanged)."""
+
+    index: int
+    document_id: str
+    text: str
+    content_hash: str
+    source_hash: str
+    metadata_json: str
+    chunks: list[ChunkSpan] | None = None
+
+
+def check_document_id(document_id: object) -> str:
+    """Validate a document id: a non-empty string of at most 1024 characters, no control
+    characters, no leading or trailing whitespace. ``/`` is allowed.
+
+    Raises:
+        InvalidInput: otherwise.
+    """
+    if not isinstance(document_id, str) or not document_id:
+        raise InvalidInput("document id must be a non-empty string")
+    if len(document_id) > MAX_DOCUMENT_ID_CHARS:
+        raise InvalidInput(f"document id longer than {MAX_DOCUMENT_ID_CHARS} characters")
+    if document_id != document_id.strip() or any(unicodedata.category(c) == "Cc" for c in document_id):
+        raise InvalidInput("document id must not contain control characters or leading/trailing "
+                           "whitespace")
+    return document_id
+
+
+def prepare_item(item: IngestItem, max_document_bytes: int) -> tuple[str, str, str]:
+    """Validate and extract one item; return ``(text, content_hash, source_hash)``.
+
+    The source hash is ``sha256:`` of ``raw``, or of the UTF-8 bytes of ``text`` as given.
+
+    Raises:
+        InvalidInput and subclasses: bad id, kind, encoding, size, or no visible content.
+    """
+    check_document_id(item.document_id)
+    kind = check_kind(item.kind)
+    if (item.text is None) == (item.raw is None):
+        raise InvalidInput("give exactly one of text or raw")
+    source = item.raw if item.raw is not None else check_text(str(item.text)).encode("utf-8")
+    if len(source) > max_document_bytes:
+        raise TooLarge(f"document is {len(source)} bytes; the limit is {max_document_bytes}",
+                       size_bytes=len(source), limit_bytes=max_document_bytes)
+    if item.raw is not None or kind == "html":
+        text = extract_text(source, kind)
+    else:
+        text = finish_text(str(item.text))
+    return text, sha256_text(text), sha256_bytes(source)
+
+
+def metadata_json(item: IngestItem, size_bytes: int, source_hash: str) -> str:
+    """Canonical JSON ``{"user": <item.metadata>, "source": {kind, path, bytes, sha256}}``.
+
+    Raises:
+        InvalidInput: metadata is not a JSON object with string keys.
+    """
+    if not isinstance(item.metadata, dict) or not all(isinstance(k, str) for k in item.metadata):
+        raise InvalidInput("metadata must be a JSON object with string keys")
+    source = {"kind": item.kind, "path": item.source_path, "bytes": size_bytes, "sha256": source_hash}
+    return canonical_json({"user": item.metadata, "source": source}).decode("utf-8")
+
+
+def rejected(document_id: object, exc: RagBudgetError) -> ItemResult:
+    """The ``rejected`` result for ``document_id`` with the error's code and message."""
+    return ItemResult(str(document_id), "rejected", reason=exc.message, code=exc.code)
+
+
+def split_batch(items: Sequence[IngestItem], delete_ids: Sequence[str]
+                ) -> tuple[list[tuple[int, IngestItem]], list[str], dict[int, ItemResult]]:
+    """``(candidates, deletes, results)``: items and deletions to process, and the rejections of
+    ids given twice (an id repeated among the items, or both ingested and deleted).
+
+    Positions: item ``i`` is ``i``; deletion ``k`` is ``len(items) + k``.
+    """
+    results: dict[int, ItemResult] = {}
+    seen: set[str] = set()
+    candidates: list[tuple[int, IngestItem]] = []
+    for idx, item in enumerate(items):
+        if item.document_id in seen:
+            results[idx] = rejected(item.document_id, InvalidInput("duplicate document id in batch"))
+            continue
+        seen.add(item.document_id)
+        candidates.append((idx, item))
+    deletes: list[str] = []
+    for k, did in enumerate(delete_ids):
+        if did in seen:
+            results[len(items) + k] = rejected(did, InvalidInput("document id is both ingested and "
+                                                                 "deleted in one batch"))
+            continue
+        seen.add(did)
+        deletes.append(did)
+    return candidates, deletes, results
+
+
+def prepare_items(candidates: Sequence[tuple[int, IngestItem]], before: dict[str, CurrentRow], *,
+                  tokenizer: TextTokenizer, chunker_config: ChunkerConfig, max_document_bytes: int,
+                  embed_token_count: Callable[[str], int] | None, results: dict[int, ItemResult],
+                  progress: bool | Callable[[int, int], None] = False) -> list[Prepared]:
+    """Prepare every candidate; rejections go into ``results`` at the item's position.
+
+    An item is chunked only when ``before`` (the newest row per id, read without
+    the lock) says its content hash is new; the commit re-checks under the lock.
+    """
+    prepared: list[Prepared] = []
+    step = progress_bar(progress, len(candidates))
+    for done, (idx, item) in enumerate(candidates, 1):
+        try:
+            text, chash, shash = prepare_item(item, max_document_bytes)
+            size = len(item.raw) if item.raw is not None else len(str(item.text).encode("utf-8"))
+            p = Prepared(idx, item.document_id, text, chash, shash, metadata_json(item, size, shash))
+            cur = before.get(item.document_id)
+            if cur is None or cur.is_tombstone or cur.content_hash != chash:
+                p.chunks = chunk_text(text, tokenizer, chunker_config, embed_token_count)
+            prepared.append(p)
+        except InvalidInput as exc:
+            results[idx] = rejected(item.document_id, exc)
+        step(done)
+    return prepared
+
+
+def chunk_pairs(prepared: Iterable[Prepared]) -> list[tuple[str, str]]:
+    """Distinct ``(chunk_hash, text)`` of the prepared items' chunks, first occurrence order."""
+    pairs: dict[str, str] = {}
+    for p in prepared:
+        for c in p.chunks or ():
+            pairs.setdefault(c.chunk_hash, c.text)
+    return list(pairs.items())
+
+
+def progress_bar(progress: bool | Callable[[int, int], None], total: int) -> Callable[[int], None]:
+    """A step function for ``progress``: tqdm on stderr (True), a callback ``(done, total)``, or nothing."""
+    if progress is True:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="doc", file=sys.stderr, desc="ingest", leave=False)
+
+        def step(done: int) -> None:
+            bar.update(1)
+            if done >= total:
+                bar.close()
+
+        return step
+    if callable(progress):
+        cb = progress
+        return lambda done: cb(done, total)
+    return lambda done: None
