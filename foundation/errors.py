@@ -56,54 +56,80 @@ class RagBudgetError(Exception):
 
 
 class InvalidInput(RagBudgetError):
+    """Bad request data: the caller can fix it; nothing was written."""
+
     code = "invalid_input"
 
 
 class EmptyContent(InvalidInput):
+    """A document with no visible text after extraction and normalisation."""
+
     code = "empty_content"
 
 
 class InvalidEncoding(InvalidInput):
+    """Bytes that are not valid UTF-8 or contain NUL (binary); ``offset`` is the first bad byte."""
+
     code = "invalid_encoding"
 
 
 class UnsupportedType(InvalidInput):
+    """A file suffix or document kind the extractor does not handle."""
+
     code = "unsupported_type"
 
 
 class TooLarge(InvalidInput):
+    """A body, document or batch over its configured limit; the limit is in the details."""
+
     code = "too_large"
 
 
 class InvalidConfig(InvalidInput):
+    """Settings or options that cannot work together (e.g. a chunk overlap not below the window)."""
+
     code = "invalid_config"
 
 
 class NotFound(RagBudgetError):
+    """The named object does not exist."""
+
     code = "not_found"
 
 
 class UnknownDocument(NotFound):
+    """No such document id, or no live version of it where one is needed."""
+
     code = "unknown_document"
 
 
 class UnknownVersion(NotFound):
+    """The document exists but has no such version number."""
+
     code = "unknown_version"
 
 
 class UnknownRevision(NotFound):
+    """No corpus revision with that number."""
+
     code = "unknown_revision"
 
 
 class UnknownReceipt(NotFound):
+    """No receipt with that id."""
+
     code = "unknown_receipt"
 
 
 class UnknownProfile(NotFound):
+    """No latency profile with that id or prefix."""
+
     code = "unknown_profile"
 
 
 class Conflict(RagBudgetError):
+    """A concurrent writer got there first; retrying the request is safe."""
+
     code = "conflict"
 
 
@@ -118,20 +144,30 @@ class Busy(RagBudgetError):
 
 
 class AuthError(RagBudgetError):
+    """Root of authentication and authorisation failures."""
+
     code = "auth_error"
 
 
 class Unauthenticated(AuthError):
+    """No valid API key was presented."""
+
     code = "unauthenticated"
 
 
 class Forbidden(AuthError):
+    """The API key's role does not allow this route."""
+
     code = "forbidden"
 
 
 class IntegrityFailure(RagBudgetError):
+    """Stored data does not verify: a hash, a chain link or an index checksum differs."""
+
     code = "integrity_failure"
 
 
 class BackendError(RagBudgetError):
+    """The model or a remote engine failed while serving a request."""
+
     code = "backend_error"
