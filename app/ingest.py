@@ -22,6 +22,7 @@ from app.services import Services
 from foundation.errors import InvalidInput, RagBudgetError, TooLarge
 from retrieval.chunking import ChunkerConfig
 from retrieval.corpus import FetchResult
+from retrieval.document_ids import check_document_id, printable
 from retrieval.store import IngestItem, IngestReport, ItemResult
 
 #: Where the shipped ``.deb`` files of the real corpus are looked for first
@@ -51,12 +52,14 @@ def collect_files(paths: Sequence[Path], max_bytes: int,
                   document_id: str | None = None) -> tuple[list[IngestItem], list[ItemResult]]:
     """Files under ``paths`` as ``IngestItem``s, plus ``ItemResult`` rejections found before reading.
 
-    A directory is its own ingest root (ids are paths relative to it, ``/``-separated;
-    hidden files and directories are skipped); a file's root is its parent, so its id
-    is its name, or ``document_id`` when given (one file only). A file over
-    ``max_bytes``, with an unsupported suffix, or unreadable is rejected on its own
-    (codes ``too_large``, ``unsupported_type``, ``unreadable``; a missing path is
-    ``not_found``); the other files are still returned.
+    A directory is its own ingest root (ids are paths relative to it, ``/``-separated,
+    NFC-normalised; hidden files and directories are skipped); a file's root is its
+    parent, so its id is its name, or ``document_id`` when given (one file only). A
+    file whose id breaks the grammar (``invalid_document_id``, e.g. a name that is not
+    valid UTF-8), over ``max_bytes`` (``too_large``), with an unsupported suffix
+    (``unsupported_type``), or unreadable (``unreadable``) is rejected on its own, as
+    is a missing path (``not_found``); the other files are still returned. Rejected
+    ids and paths are shown with :func:`retrieval.document_ids.printable`.
 
     Raises:
         InvalidInput: ``document_id`` given with anything but exactly one file path.
@@ -76,21 +79,24 @@ def collect_files(paths: Sequence[Path], max_bytes: int,
         elif root.is_file():
             found.append((document_id or root.name, root))
         else:
-            rejected.append(ItemResult(str(root), "rejected", reason=f"no such file or directory: {root}",
+            shown = printable(str(root))
+            rejected.append(ItemResult(shown, "rejected", reason=f"no such file or directory: {shown}",
                                        code="not_found"))
     items = []
-    for doc_id, f in found:
+    for raw_id, f in found:
+        doc_id = printable(raw_id)
         try:
+            doc_id = check_document_id(raw_id)
             kind = kind_for_suffix(f.name)
             size = f.stat().st_size
             if size > max_bytes:
                 raise TooLarge(f"{size} bytes; the limit is {max_bytes}")
-            items.append(IngestItem(doc_id, raw=f.read_bytes(), kind=kind, source_path=str(f)))
+            items.append(IngestItem(doc_id, raw=f.read_bytes(), kind=kind, source_path=printable(str(f))))
         except RagBudgetError as exc:
             rejected.append(ItemResult(doc_id, "rejected", reason=exc.message, code=exc.code))
         except OSError as exc:
-            rejected.append(ItemResult(doc_id, "rejected", reason=f"cannot read {f}: {exc.strerror}",
-                                       code="unreadable"))
+            rejected.append(ItemResult(doc_id, "rejected", reason=f"cannot read {printable(str(f))}: "
+                                       f"{exc.strerror}", code="unreadable"))
     return items, rejected
 
 

@@ -6,23 +6,26 @@ import math
 
 from app.settings import Settings
 from foundation.errors import InvalidInput, TooLarge
+from foundation.hashing import normalize_text
 from retrieval.retriever import is_blank_query
 
 
 def check_question(settings: Settings, question: str) -> str:
-    """Return the question stripped of surrounding whitespace.
+    """Return the question normalised as stored text is (``foundation.hashing.normalize_text``:
+    zero-width characters and soft hyphens removed, no-break spaces to spaces, NFC) and
+    stripped of surrounding whitespace.
 
     Raises:
-        InvalidInput (code ``empty_question``): empty or whitespace-only.
-        TooLarge (code ``question_too_long``): longer than ``max_question_chars``.
+        InvalidInput (code ``empty_question``): empty, whitespace-only or invisible-only.
+        TooLarge (code ``question_too_long``): longer than ``max_question_chars`` (as sent).
     """
-    if question is None or not question.strip():
+    if question is None or not normalize_text(question).strip():
         raise InvalidInput("question is empty", code="empty_question")
     if len(question) > settings.max_question_chars:
         raise TooLarge(f"question has {len(question)} characters; the limit is "
                        f"{settings.max_question_chars}", code="question_too_long",
                        limit=settings.max_question_chars)
-    return question.strip()
+    return normalize_text(question).strip()
 
 
 def check_budget(settings: Settings, budget_ms: float | None) -> float:

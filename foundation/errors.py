@@ -11,6 +11,7 @@ never here::
     │   ├── InvalidEncoding             invalid_encoding
     │   ├── UnsupportedType             unsupported_type
     │   ├── TooLarge                    too_large
+    │   ├── InvalidDocumentId           invalid_document_id
     │   └── InvalidConfig               invalid_config
     ├── NotFound                        not_found
     │   ├── UnknownDocument             unknown_document
@@ -83,6 +84,12 @@ class TooLarge(InvalidInput):
     """A body, document or batch over its configured limit; the limit is in the details."""
 
     code = "too_large"
+
+
+class InvalidDocumentId(InvalidInput):
+    """A document id that breaks the id grammar; ``rule`` in the details names the broken rule."""
+
+    code = "invalid_document_id"
 
 
 class InvalidConfig(InvalidInput):

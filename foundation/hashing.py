@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -41,14 +42,39 @@ def sha256_file(path: Path, chunk_bytes: int = 1 << 20) -> str:
     return PREFIX + h.hexdigest()
 
 
-def normalize_text(text: str) -> str:
-    """Normalise text before hashing or chunking.
+#: Characters removed from text (rule 2 of :func:`normalize_text`): zero-width space (U+200B),
+#: zero-width non-joiner (U+200C), word joiner (U+2060), zero-width no-break space / BOM
+#: (U+FEFF), soft hyphen (U+00AD). The zero-width joiner (U+200D) is handled apart (rule 3).
+INVISIBLE_REMOVED = "\u200b\u200c\u2060\ufeff\u00ad"
+#: No-break spaces turned into a plain space (rule 4): U+00A0, narrow U+202F, figure U+2007.
+NO_BREAK_SPACES = "\u00a0\u202f\u2007"
+_TRANSLATE = {**{ord(c): None for c in INVISIBLE_REMOVED}, **{ord(c): " " for c in NO_BREAK_SPACES}}
+# A ZWJ is kept only inside an emoji sequence: after a pictograph, an emoji modifier or VS16,
+# and before a pictograph (e.g. U+1F469 U+200D U+2695 U+FE0F, "woman health worker").
+_EMOJI = "\u2600-\u27bf\U0001f000-\U0001faff"
+_LONE_ZWJ = re.compile(f"(?<![{_EMOJI}\ufe0f])\u200d|\u200d(?![{_EMOJI}])")
 
-    Newlines are unified to ``\\n`` (``\\r\\n`` and lone ``\\r``), then Unicode
-    NFC is applied once. Idempotent: ``normalize_text(normalize_text(t)) ==
+
+def normalize_text(text: str) -> str:
+    """Normalise text before hashing, chunking, embedding or searching.
+
+    The rules, in order (docs/store.md lists them with their reasons):
+
+    1. newlines unified to ``\\n`` (``\\r\\n`` and a lone ``\\r``);
+    2. :data:`INVISIBLE_REMOVED` characters removed (zero-width space and non-joiner,
+       word joiner, U+FEFF anywhere, soft hyphen);
+    3. a zero-width joiner (U+200D) removed unless it joins an emoji sequence;
+    4. :data:`NO_BREAK_SPACES` replaced by a plain space;
+    5. Unicode NFC, applied once, last (removals can bring combining marks together).
+
+    Documents (``retrieval.extract``), queries (``retrieval.retriever``) and questions
+    (``app.validation``) all pass through it, so an identifier copied with a zero-width
+    space matches the stored one. Idempotent: ``normalize_text(normalize_text(t)) ==
     normalize_text(t)``.
     """
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = text.replace("\r\n", "\n").replace("\r", "\n").translate(_TRANSLATE)
+    if "\u200d" in text:
+        text = _LONE_ZWJ.sub("", text)
     return unicodedata.normalize("NFC", text)
 
 

@@ -11,19 +11,17 @@ code and reason; one bad item never stops the others.
 from __future__ import annotations
 
 import sys
-import unicodedata
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from foundation.errors import InvalidInput, RagBudgetError, TooLarge
 from foundation.hashing import canonical_json, sha256_bytes, sha256_text
 from retrieval.chunking import ChunkerConfig, ChunkSpan, chunk_text
+from retrieval.document_ids import check_document_id, normalize_document_id, printable
 from retrieval.extract import check_kind, check_text, extract_text, finish_text
 from retrieval.revisions import CurrentRow
 from retrieval.tokens import TextTokenizer
-
-MAX_DOCUMENT_ID_CHARS = 1024
 
 
 @dataclass
@@ -65,23 +63,6 @@ class Prepared:
     source_hash: str
     metadata_json: str
     chunks: list[ChunkSpan] | None = None
-
-
-def check_document_id(document_id: object) -> str:
-    """Validate a document id: a non-empty string of at most 1024 characters, no control
-    characters, no leading or trailing whitespace. ``/`` is allowed.
-
-    Raises:
-        InvalidInput: otherwise.
-    """
-    if not isinstance(document_id, str) or not document_id:
-        raise InvalidInput("document id must be a non-empty string")
-    if len(document_id) > MAX_DOCUMENT_ID_CHARS:
-        raise InvalidInput(f"document id longer than {MAX_DOCUMENT_ID_CHARS} characters")
-    if document_id != document_id.strip() or any(unicodedata.category(c) == "Cc" for c in document_id):
-        raise InvalidInput("document id must not contain control characters or leading/trailing "
-                           "whitespace")
-    return document_id
 
 
 def prepare_item(item: IngestItem, max_document_bytes: int) -> tuple[str, str, str]:
@@ -127,7 +108,10 @@ def rejected(document_id: object, exc: RagBudgetError) -> ItemResult:
 def split_batch(items: Sequence[IngestItem], delete_ids: Sequence[str]
                 ) -> tuple[list[tuple[int, IngestItem]], list[str], dict[int, ItemResult]]:
     """``(candidates, deletes, results)``: items and deletions to process, and the rejections of
-    ids given twice (an id repeated among the items, or both ingested and deleted).
+    ids that break the grammar (``retrieval.document_ids``) or are given twice (an id repeated
+    among the items, or both ingested and deleted). Ids are NFC-normalised here: the candidates
+    carry the normalised id, and deletions are looked up by it (without the grammar, so an id
+    stored before a rule existed can still be deleted).
 
     Positions: item ``i`` is ``i``; deletion ``k`` is ``len(items) + k``.
     """
@@ -135,6 +119,11 @@ def split_batch(items: Sequence[IngestItem], delete_ids: Sequence[str]
     seen: set[str] = set()
     candidates: list[tuple[int, IngestItem]] = []
     for idx, item in enumerate(items):
+        try:
+            item = replace(item, document_id=check_document_id(item.document_id))
+        except InvalidInput as exc:
+            results[idx] = rejected(printable(str(item.document_id)), exc)
+            continue
         if item.document_id in seen:
             results[idx] = rejected(item.document_id, InvalidInput("duplicate document id in batch"))
             continue
@@ -142,6 +131,7 @@ def split_batch(items: Sequence[IngestItem], delete_ids: Sequence[str]
         candidates.append((idx, item))
     deletes: list[str] = []
     for k, did in enumerate(delete_ids):
+        did = normalize_document_id(did)
         if did in seen:
             results[len(items) + k] = rejected(did, InvalidInput("document id is both ingested and "
                                                                  "deleted in one batch"))

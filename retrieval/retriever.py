@@ -31,6 +31,7 @@ from sqlalchemy import Engine, bindparam, or_, select
 
 from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import IntegrityFailure, InvalidInput, UnknownRevision
+from foundation.hashing import normalize_text
 from retrieval.embedding import Embedder, compute_missing, insert_embeddings
 from retrieval.index import INDEX_FORMAT, IndexMeta, Selection, VectorIndex, index_params
 from retrieval.models import Chunk, DocumentVersion, Embedding, Revision
@@ -121,6 +122,10 @@ class Retriever:
     def retrieve(self, query: str, k: int, revision: int | None = None) -> RetrievalResult:
         """Top-``k`` chunks for ``query`` among those live at ``revision`` (default: latest).
 
+        The query is normalised as stored text is (``foundation.hashing.normalize_text``:
+        zero-width characters and soft hyphens removed, no-break spaces to spaces, NFC)
+        before it is embedded.
+
         Raises:
             InvalidInput: (code ``empty_query``) the query is empty or whitespace;
                 (code ``invalid_k``) ``k < 1``.
@@ -130,7 +135,7 @@ class Retriever:
             raise InvalidInput("the query is empty or whitespace only", code="empty_query")
         _check_k(k)
         t0 = time.perf_counter()
-        vec, truncated, n_wp = self.embedder.embed_query(query)
+        vec, truncated, n_wp = self.embedder.embed_query(normalize_text(query))
         embed_ms = (time.perf_counter() - t0) * 1000
         return self._run(vec, k, revision, t0, embed_ms, truncated, n_wp)
 

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, defer
 
 from foundation.errors import UnknownDocument, UnknownRevision, UnknownVersion
 from foundation.hashing import sha256_json
+from retrieval.document_ids import normalize_document_id
 from retrieval.models import Chunk, Document, DocumentVersion, Revision
 
 
@@ -220,6 +221,7 @@ def get_document(session: Session, document_id: str) -> DocumentInfo:
     Raises:
         UnknownDocument: the id was never ingested.
     """
+    document_id = normalize_document_id(document_id)
     doc = session.get(Document, document_id)
     if doc is None:
         raise UnknownDocument(f"no document {document_id!r}", document_id=document_id)
@@ -239,6 +241,7 @@ def list_versions(session: Session, document_id: str) -> list[VersionInfo]:
     Raises:
         UnknownDocument: the id was never ingested.
     """
+    document_id = normalize_document_id(document_id)
     rows = list(session.scalars(select(DocumentVersion).where(DocumentVersion.document_id == document_id)
                                 .order_by(DocumentVersion.version)))
     if not rows:
@@ -253,6 +256,7 @@ def get_version(session: Session, document_id: str, version: int) -> VersionInfo
         UnknownDocument: the id was never ingested.
         UnknownVersion: the document has no such version.
     """
+    document_id = normalize_document_id(document_id)
     row = session.scalar(select(DocumentVersion).where(DocumentVersion.document_id == document_id,
                                                        DocumentVersion.version == int(version)))
     if row is None:

@@ -33,11 +33,14 @@ from retrieval.commit import (  # noqa: F401  (re-exported API)
     IngestReport,
     commit_batch,
 )
+from retrieval.document_ids import (  # noqa: F401  (re-exported API)
+    MAX_DOCUMENT_ID_BYTES,
+    check_document_id,
+    normalize_document_id,
+)
 from retrieval.prepare import (  # noqa: F401  (re-exported API)
-    MAX_DOCUMENT_ID_CHARS,
     IngestItem,
     ItemResult,
-    check_document_id,
     chunk_pairs,
     prepare_item,
     prepare_items,

@@ -1,13 +1,20 @@
 """Documents and corpus revisions.
 
 * ``POST /v1/documents`` (admin): ingest one document as one batch (one revision if it changed).
-* ``DELETE /v1/documents/{id}`` (admin): tombstone a live document (one revision).
-* ``GET /v1/documents/{id}``, ``.../versions``, ``.../versions/{n}`` (operator: they return text).
+* ``DELETE /v1/document?id=ID`` (admin): tombstone a live document (one revision).
+* ``GET /v1/document?id=ID``, ``GET /v1/document/versions?id=ID``,
+  ``GET /v1/document/versions/{n}?id=ID`` (operator: they return text).
 * ``GET /v1/revisions``, ``GET /v1/revisions/{r}`` (copilot): revisions and their live documents.
 
-Document ids may contain ``/`` (``guides/setup.md``); the routes take the rest of
-the path as the id. The ``versions`` routes are matched first, so an id that itself
-ends in ``/versions`` can only be read through them.
+Document ids may contain ``/`` (``guides/setup.md``) and may end in a route word
+(``runbooks/versions``), so the id travels in the ``id`` query parameter: every
+valid id (``retrieval.document_ids``) reaches its document from curl, httpx,
+requests or a browser, which all leave a query string as it is (they normalise
+only the path). The path forms ``/v1/documents/{id}``, ``.../{id}/versions`` and
+``.../{id}/versions/{n}`` stay for ids where they are unambiguous: the
+``versions`` routes are matched first, so an id whose last segment is
+``versions`` (or ``versions/<n>``) is reachable through the query form only.
+Lookups use the id's NFC form.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from foundation.errors import (
     UnknownDocument,
     UnsupportedType,
 )
+from retrieval.document_ids import check_document_id
 from retrieval.store import IngestItem, ItemResult
 
 router = APIRouter(tags=["documents"])
@@ -44,7 +52,8 @@ class DocumentCreate(BaseModel):
     """One document to ingest. ``kind: html`` extracts the visible text of ``text``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    id: str = Field(..., min_length=1, max_length=1024, description="Stable document id; may contain '/'")
+    id: str = Field(..., description="Stable document id; '/'-separated segments; the grammar is in "
+                    "retrieval/document_ids.py (422 invalid_document_id names the rule broken)")
     text: str = Field(..., description="UTF-8 text (or HTML with kind=html); normalised before hashing")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Stored with the version")
     kind: Literal["txt", "md", "rst", "html"] = "txt"
@@ -165,9 +174,11 @@ def create_document(body: DocumentCreate, response: Response,
                     services: Services = Depends(get_services)) -> DocumentWritePublic:
     """Ingest one document: 201 ``added``/``updated`` with the new revision, 200 ``unchanged``.
 
-    422 ``empty_content`` / ``invalid_encoding`` / ``unsupported_type`` / ``invalid_input``,
-    413 ``too_large``; nothing is written then.
+    422 ``invalid_document_id`` (``details.rule`` names the broken rule) / ``empty_content`` /
+    ``invalid_encoding`` / ``unsupported_type`` / ``invalid_input``, 413 ``too_large``; nothing
+    is written then.
     """
+    check_document_id(body.id)
     out = _write(services, [IngestItem(body.id, text=body.text, kind=body.kind, metadata=body.metadata)], [])
     if out.status == "unchanged":
         response.status_code = 200
@@ -245,3 +256,41 @@ def get_revision(number: int = Path(..., ge=1, le=_INT32),
         docs = [LiveDocumentPublic(document_id=v.document_id, version=v.version, content_hash=v.content_hash)
                 for v in state_at(s, number)]
         return RevisionDetailPublic(**info.to_dict(), documents=docs)
+
+
+# --- the same reads and the deletion with the id as a query parameter (any valid id) -----------------
+
+_ID = Query(..., alias="id", description="The document id, exactly (percent-encoded in the URL)")
+
+
+@router.delete("/v1/document", response_model=DocumentWritePublic,
+               dependencies=[Depends(require_role("admin"))])
+def delete_document_by_id(document_id: str = _ID,
+                          services: Services = Depends(get_services)) -> DocumentWritePublic:
+    """Tombstone the live document ``id`` (a new revision). 404 ``unknown_document`` if it is not live."""
+    return delete_document(document_id, services)
+
+
+@router.get("/v1/document", response_model=DocumentPublic, dependencies=[Depends(require_role("operator"))])
+def get_document_by_id(document_id: str = _ID, services: Services = Depends(get_services)) -> DocumentPublic:
+    """The document ``id`` and its current version's text (``current: null`` once deleted).
+    404 ``unknown_document``."""
+    return get_document(document_id, services)
+
+
+@router.get("/v1/document/versions", response_model=list[VersionPublic],
+            dependencies=[Depends(require_role("operator"))])
+def list_document_versions_by_id(document_id: str = _ID,
+                                 services: Services = Depends(get_services)) -> list[VersionPublic]:
+    """Every version and tombstone of the document ``id``, oldest first, without text.
+    404 ``unknown_document``."""
+    return list_document_versions(document_id, services)
+
+
+@router.get("/v1/document/versions/{version}", response_model=VersionPublic,
+            dependencies=[Depends(require_role("operator"))])
+def get_document_version_by_id(document_id: str = _ID, version: int = Path(..., ge=1, le=_INT32),
+                               services: Services = Depends(get_services)) -> VersionPublic:
+    """Version ``version`` of the document ``id``, with its text. 404 ``unknown_document`` /
+    ``unknown_version``."""
+    return get_document_version(document_id, version, services)

@@ -58,9 +58,9 @@ def test_revision_detail_lists_its_live_documents(client):
     ({"id": "e", "text": "\ufeff\u200b\u200d"}, 422, "empty_content"),
     ({"id": "e", "text": "nul\u0000byte"}, 422, "invalid_encoding"),
     ({"id": "e", "text": "x", "kind": "pdf"}, 422, "invalid_request"),
-    ({"id": "", "text": "x"}, 422, "invalid_request"),
+    ({"id": "", "text": "x"}, 422, "invalid_document_id"),
     ({"id": "e", "text": "x", "extra": 1}, 422, "invalid_request"),
-    ({"id": "e\n", "text": "x"}, 422, "invalid_input"),
+    ({"id": "e\n", "text": "x"}, 422, "invalid_document_id"),
 ])
 def test_bad_documents_get_a_specific_code_and_write_nothing(client, body, status, code):
     r = client.post("/v1/documents", json=body)

@@ -191,7 +191,7 @@ def test_bad_items_are_rejected_individually_and_the_rest_commits(engine, ingest
     ], max_document_bytes=1000)
     assert [(r.status, r.code) for r in report.results] == [
         ("added", None), ("rejected", "invalid_encoding"), ("rejected", "invalid_encoding"),
-        ("rejected", "too_large"), ("rejected", "unsupported_type"), ("rejected", "invalid_input"),
+        ("rejected", "too_large"), ("rejected", "unsupported_type"), ("rejected", "invalid_document_id"),
         ("rejected", "invalid_input")]
     assert report.revision == 1 and rows(engine, Document) == 1
 
