@@ -5,13 +5,26 @@ markup: two HTML files that differ only in attributes, generated ids or the
 navigation chrome give the same text and the same content hash. The source
 bytes' hash is kept separately (``source_hash``).
 
-HTML is parsed with BeautifulSoup over lxml. The visible text of ``<body>`` is
-kept, with block elements separated by blank lines, inline whitespace
-collapsed as a browser would, ``<pre>`` kept verbatim, list items prefixed with
-``- `` and table cells joined with `` | ``. ``<script>``, ``<style>`` and the
-DocBook navigation header and footer (``div.navheader`` / ``div.navfooter``,
-which carry the release number, e.g. "PostgreSQL 15.18 Documentation") are
-dropped.
+HTML is parsed with BeautifulSoup over lxml, then:
+
+1. *Main content.* When the page marks its main content (``<main>``, or an
+   element with ``role="main"``, as Sphinx's ``div.body`` has), only the first
+   such element is kept. Site chrome is dropped wherever it stands: ``<header>``,
+   ``<nav>``, ``<footer>``, ``<aside>`` and elements with the ARIA roles
+   ``banner``, ``navigation``, ``contentinfo``, ``complementary`` or ``search``
+   (a ``<header>``/``<footer>`` inside an ``<article>`` or ``<section>`` is that
+   section's own heading block and is kept), the DocBook navigation header and
+   footer (``div.navheader`` / ``div.navfooter``, which carry the release
+   number, e.g. "PostgreSQL 15.18 Documentation"), Sphinx permalink anchors
+   (``a.headerlink``, the ``¶`` after each heading), ``<script>``, ``<style>``
+   and other non-text elements.
+2. *Text.* Block elements are separated by blank lines, inline whitespace is
+   collapsed as a browser would, list items are prefixed with ``- ``.
+   ``<pre>`` is kept verbatim with its line breaks, ``<br>`` included (code
+   blocks of syntax highlighters often separate lines only with ``<br>``).
+   Each table row is one line with its cells joined by `` | ``; block content
+   inside a cell (paragraphs, lists) is joined into the cell with spaces, so a
+   row never falls apart into loose blocks.
 """
 
 from __future__ import annotations
@@ -27,8 +40,11 @@ from foundation.hashing import normalize_text
 SUFFIX_KINDS = {".txt": "txt", ".md": "md", ".rst": "rst", ".html": "html", ".htm": "html"}
 KINDS = frozenset(SUFFIX_KINDS.values())
 
-_SKIP_TAGS = frozenset({"script", "style", "head", "title", "noscript", "template", "iframe", "object"})
-_SKIP_CLASSES = frozenset({"navheader", "navfooter"})
+_SKIP_TAGS = frozenset({"script", "style", "head", "title", "noscript", "template", "iframe", "object",
+                        "nav", "aside", "button", "svg"})
+_SKIP_CLASSES = frozenset({"navheader", "navfooter", "headerlink"})
+_CHROME_TAGS = frozenset({"header", "footer"})  # dropped unless inside an article or section
+_CHROME_ROLES = frozenset({"banner", "navigation", "contentinfo", "complementary", "search"})
 _BLOCK_TAGS = frozenset({
     "address", "article", "aside", "blockquote", "body", "caption", "dd", "details", "div", "dl", "dt",
     "fieldset", "figcaption", "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header",
@@ -120,10 +136,26 @@ def html_to_text(html: bytes | str) -> str:
         # parser reads them correctly, and it is the lenient parser we want.
         warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
         soup = BeautifulSoup(html, "lxml")
-    root = soup.body or soup
+    root = _main_content(soup)
     out = _TextBuilder()
     _walk(root, out, pre=False)
     return out.finish()
+
+
+def _main_content(soup: Any) -> Any:
+    """The page's marked main content (first ``<main>`` or ``role="main"``), else ``<body>``."""
+    main = soup.find("main") or soup.find(attrs={"role": "main"})
+    return main or soup.body or soup
+
+
+def _is_chrome(tag: Any, name: str) -> bool:
+    """Site chrome to drop: see step 1 of the module docstring."""
+    role = str(tag.get("role") or "").lower()
+    if role in _CHROME_ROLES:
+        return True
+    if name in _CHROME_TAGS:
+        return tag.find_parent(["article", "section", "main"]) is None
+    return bool(_SKIP_CLASSES.intersection(tag.get("class") or ()))
 
 
 class _TextBuilder:
@@ -168,7 +200,7 @@ class _TextBuilder:
         return "\n\n".join(self.blocks).strip()
 
 
-def _walk(node: Any, out: _TextBuilder, pre: bool) -> None:
+def _walk(node: Any, out: _TextBuilder, pre: bool, cell: bool = False) -> None:
     from bs4 import Comment, Declaration, Doctype, NavigableString, ProcessingInstruction, Tag
 
     for child in node.children:
@@ -180,24 +212,60 @@ def _walk(node: Any, out: _TextBuilder, pre: bool) -> None:
         if not isinstance(child, Tag):
             continue
         name = child.name.lower() if child.name else ""
-        if name in _SKIP_TAGS or _SKIP_CLASSES.intersection(child.get("class") or ()):
+        if name in _SKIP_TAGS or _is_chrome(child, name):
             continue
         if name == "br":
-            out.newline()
+            out.text(" ", pre=False) if cell else out.newline()
         elif name == "pre":
-            out.raw_block(child.get_text())
+            if cell:
+                out.text(" " + _pre_text(child).replace("\n", " ") + " ", pre=False)
+            else:
+                out.raw_block(_pre_text(child))
+        elif name == "tr":
+            out.flush()
+            _walk(child, out, pre, cell=False)
+            out.flush()
+        elif name in _CELL_TAGS:
+            if out.parts and "".join(out.parts).strip():
+                while out.parts and out.parts[-1].endswith(" "):
+                    out.parts[-1] = out.parts[-1].rstrip(" ")
+                out.text(" | ", pre=True)
+            _walk(child, out, pre, cell=True)
+        elif name in _BLOCK_TAGS and cell:
+            out.text(" ", pre=False)
+            _walk(child, out, pre, cell=True)
+            out.text(" ", pre=False)
         elif name in _BLOCK_TAGS:
             out.flush()
             if name == "li":
                 out.prefix = "- "
             _walk(child, out, pre)
             out.flush()
-        elif name in _CELL_TAGS:
-            if out.parts and "".join(out.parts).strip():
-                out.text(" | ", pre=True)
-            _walk(child, out, pre)
         else:
-            _walk(child, out, pre)
+            _walk(child, out, pre, cell)
+
+
+def _pre_text(pre: Any) -> str:
+    """The text of a ``<pre>`` element with each ``<br>`` as a line break (and the chrome of step 1,
+    e.g. a copy button, left out)."""
+    from bs4 import NavigableString, Tag
+
+    parts: list[str] = []
+
+    def visit(node: Any) -> None:
+        for child in node.children:
+            if isinstance(child, NavigableString):
+                if type(child) is NavigableString or child.__class__.__name__ == "CData":
+                    parts.append(str(child))
+            elif isinstance(child, Tag):
+                name = child.name.lower() if child.name else ""
+                if name == "br":
+                    parts.append("\n")
+                elif name not in _SKIP_TAGS and not _is_chrome(child, name):
+                    visit(child)
+
+    visit(pre)
+    return "".join(parts)
 
 
 def extract_text(raw: bytes, kind: str) -> str:

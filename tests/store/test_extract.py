@@ -91,3 +91,50 @@ def test_unsupported_suffixes_are_rejected(name):
 
 def test_text_is_nfc_normalised_and_newlines_unified():
     assert extract_text("e\u0301\r\nx\ry".encode(), "txt") == "\u00e9\nx\ny"
+
+
+# --- structure and main content (shared cases and variations of each kind) ---------------------------
+
+def test_pre_lines_separated_only_by_br_stay_on_their_own_lines():
+    text = html_to_text((CASES / "ingest" / "pre_with_br_lines.html").read_bytes())
+    assert "wal_level = replica\narchive_mode = on\narchive_command = 'cp %p /mnt/archive/%f'" in text
+    nested = html_to_text(b"<pre><code><span>a = 1</span><br/><span>b = 2</span><br><br>c</code></pre>")
+    assert nested == "a = 1\nb = 2\n\nc"
+
+
+def test_site_chrome_around_main_is_dropped_and_the_main_content_kept():
+    text = html_to_text((CASES / "ingest" / "site_chrome_around_main.html").read_bytes())
+    assert text == ("Backup and restore\n\n"
+                    "Run exampledb-dump --format=custom nightly and keep seven copies.")
+
+
+@pytest.mark.parametrize("chrome", [
+    '<div role="navigation"><a href="/">Home</a> <a href="/x">Menu entry</a></div>',
+    '<div role="banner">ExampleDB Docs</div>',
+    '<div role="contentinfo">Copyright 2026 Example Corp.</div>',
+    '<aside>Related pages: a, b, c</aside>',
+    '<nav><ul><li>Installation</li></ul></nav>',
+    '<header>Site header</header>', '<footer>Site footer</footer>',
+])
+def test_chrome_by_tag_or_aria_role_is_dropped_without_a_main_element(chrome):
+    text = html_to_text(f"<body>{chrome}<div><p>Keep seven copies.</p></div></body>".encode())
+    assert text == "Keep seven copies."
+
+
+def test_a_header_inside_an_article_is_content():
+    html = b"<body><article><header><h1>Backups</h1></header><p>Keep seven copies.</p></article></body>"
+    assert html_to_text(html) == "Backups\n\nKeep seven copies."
+
+
+def test_sphinx_permalink_pilcrows_are_dropped_and_role_main_selects_the_body():
+    text = html_to_text((CASES / "ingest" / "sphinx_headerlinks.html").read_bytes())
+    assert text == "Configuration\n\ncache_size\n\nMaximum cache size in megabytes. Default: 256."
+
+
+def test_table_cells_holding_paragraphs_keep_their_rows():
+    html = b"""<table><thead><tr><th><p>Column Type</p><p>Description</p></th></tr></thead><tbody>
+    <tr><td><p><code>oid</code> <code>oid</code></p><p>Row identifier</p></td><td>yes</td></tr>
+    <tr><td><p><code>amname</code> <code>name</code></p><ul><li>Name of the</li><li>access method</li></ul>
+    </td><td><pre>no</pre></td></tr></tbody></table>"""
+    assert html_to_text(html).split("\n\n") == ["Column Type Description", "oid oid Row identifier | yes",
+                                                "amname name Name of the access method | no"]
