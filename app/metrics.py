@@ -7,7 +7,12 @@ computed) and output tokens. One registry per :class:`AnswerMetrics` so tests an
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from app.answer_types import Answer
 
 # Buckets in ms: 1 ms .. 60 s, roughly x2 apart.
 MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000, 1500, 2000, 3000, 5000,
@@ -36,22 +41,20 @@ class AnswerMetrics:
         self.output_tokens = Counter("ragbudget_output_tokens", "Generated (output) tokens",
                                      registry=r)
 
-    def observe(self, summary: dict) -> None:
-        """Record one finished answer from its summary dict (keys as in the answer response)."""
-        self.answers.labels(status=summary.get("status", "ok")).inc()
-        t = summary.get("timings", {})
-        for hist, key in ((self.ttft, "ttft_ms"), (self.tpot, "tpot_ms"),
-                          (self.queue, "queue_ms"), (self.retrieval, "retrieval_ms")):
-            if t.get(key) is not None:
-                hist.observe(float(t[key]))
-        if summary.get("within_budget") is False:  # set by the pipeline; None = no first token
+    def observe(self, answer: Answer) -> None:
+        """Record one finished :class:`~app.answer_types.Answer`."""
+        self.answers.labels(status=answer.status).inc()
+        t = answer.timings
+        for hist, value in ((self.ttft, t.ttft_ms), (self.tpot, t.tpot_ms),
+                            (self.queue, t.queue_ms), (self.retrieval, t.retrieval_ms)):
+            if value is not None:
+                hist.observe(float(value))
+        if answer.within_budget is False:  # set by the pipeline; None = no first token
             self.budget_misses.inc()
-        tok = summary.get("tokens", {})
-        for kind in ("prompt", "cached", "computed"):
-            if tok.get(kind) is not None:
-                self.tokens.labels(kind=kind).inc(int(tok[kind]))
-        if tok.get("output") is not None:
-            self.output_tokens.inc(int(tok["output"]))
+        tok = answer.tokens
+        for kind, count in (("prompt", tok.prompt), ("cached", tok.cached), ("computed", tok.computed)):
+            self.tokens.labels(kind=kind).inc(count)
+        self.output_tokens.inc(tok.output)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""

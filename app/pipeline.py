@@ -18,16 +18,37 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import closing
-from dataclasses import dataclass, field
-from typing import Any
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
+from app.answer_types import (
+    Advice,
+    AdviceTimings,
+    Answer,
+    AnswerError,
+    AnswerStatus,
+    AnswerTimings,
+    Citation,
+    PlanPublic,
+    PredictedTTFT,
+    ProfileRef,
+    TokenCounts,
+)
 from app.genqueue import Cancelled, GenerationQueue
 from app.metrics import AnswerMetrics
 from app.services import Services
 from app.validation import check_budget, check_k, check_max_new_tokens, check_question
 from foundation.hashing import sha256_ints, sha256_text
 from foundation.provenance import software_versions
+from generation.base import GenerationStats, GenParams, TokenEvent
+from latency_model.planner import Plan
+from latency_model.profile import Profile
+
+if TYPE_CHECKING:
+    from app.models import Scaffold
+    from app.prompt import Prompt, PromptBuilder, PromptChunk
+    from retrieval.retriever import Hit, RetrievalResult
 
 log = logging.getLogger("ragbudget.pipeline")
 
@@ -48,21 +69,46 @@ class AnswerRequest:
 
 @dataclass
 class Prepared:
-    """Everything decided before generation: retrieval, plan, prompt."""
+    """Everything decided before generation: retrieval, plan, prompt.
+
+    ``full_prompt`` holds all K candidates (the plan's token counts come from it);
+    ``prompt`` holds the chosen k. ``arrival_t``/``prepared_t`` are
+    ``time.perf_counter()`` seconds; ``timings_ms`` has ``retrieval_ms``,
+    ``planning_ms`` and ``overhead_ms`` (arrival to the plan).
+    """
 
     request: AnswerRequest
     budget_ms: float
     max_new_tokens: int
-    retrieval: Any
-    plan: Any
-    prompt: Any
-    full_prompt: Any
-    profile: Any
-    scaffold: Any
+    retrieval: RetrievalResult
+    plan: Plan
+    prompt: Prompt
+    full_prompt: Prompt
+    profile: Profile
+    scaffold: Scaffold
     scaffold_cached: bool
     arrival_t: float
     prepared_t: float
     timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class InFlight:
+    """One answer while it generates: what the stream produced so far.
+
+    ``first_t``/``last_t``: ``perf_counter()`` of the first token with text and of
+    the latest token; ``n`` events seen; ``stats`` the generator's
+    :class:`GenerationStats` of this answer (None when it never got the model).
+    """
+
+    status: AnswerStatus = "ok"
+    error: AnswerError | None = None
+    text: list[str] = field(default_factory=list)
+    first_t: float | None = None
+    last_t: float | None = None
+    n: int = 0
+    queue_ms: float | None = None
+    stats: GenerationStats | None = None
 
 
 @dataclass
@@ -71,7 +117,7 @@ class AnswerEvent:
 
     kind: str
     text: str = ""
-    summary: dict[str, Any] | None = None
+    summary: Answer | None = None
 
 
 class AnswerPipeline:
@@ -83,11 +129,11 @@ class AnswerPipeline:
         self.queue = GenerationQueue(self.settings.queue_max)
         self.metrics = metrics or AnswerMetrics()
         self._lock = threading.Lock()
-        self._scaffold: Any = None
-        self._builder: Any = None
+        self._scaffold: Scaffold | None = None
+        self._builder: PromptBuilder | None = None
 
     # --- building blocks -----------------------------------------------------
-    def scaffold_and_builder(self) -> tuple[Any, Any]:
+    def scaffold_and_builder(self) -> tuple[Scaffold, PromptBuilder]:
         """The stored default scaffold and the prompt builder for the generator (cached)."""
         with self._lock:
             if self._builder is None:
@@ -102,6 +148,7 @@ class AnswerPipeline:
                 self._scaffold = ensure_scaffold(self.services.engine, DEFAULT_SCAFFOLD_NAME,
                                                  DEFAULT_SCAFFOLD_TEXT)
                 self._builder = PromptBuilder.for_generator(gen)
+            assert self._scaffold is not None
             return self._scaffold, self._builder
 
     def warm(self) -> dict[str, float]:
@@ -125,14 +172,14 @@ class AnswerPipeline:
         out["profile_ms"] = (time.perf_counter() - t) * 1000.0
         return out
 
-    def profile(self) -> Any:
+    def profile(self) -> Profile:
         """The latency profile in force for the generator (fitted, else a roofline prior)."""
         from app.profile_store import current_profile
 
         return current_profile(self.services)
 
     @staticmethod
-    def prompt_chunks(hits: list[Any]) -> list[Any]:
+    def prompt_chunks(hits: list[Hit]) -> list[PromptChunk]:
         """Prompt chunks (document id, version, text) for retrieval hits, in rank order."""
         from app.prompt import PromptChunk
 
@@ -173,7 +220,7 @@ class AnswerPipeline:
         prompt = builder.build(scaffold.text, self.prompt_chunks(result.hits[:k]), question)
         t2 = time.perf_counter()
         if question != req.question:
-            req = AnswerRequest(**{**req.__dict__, "question": question})
+            req = replace(req, question=question)
         return Prepared(
             request=req, budget_ms=budget, max_new_tokens=max_new, retrieval=result, plan=plan,
             prompt=prompt, full_prompt=full, profile=profile, scaffold=scaffold,
@@ -182,17 +229,21 @@ class AnswerPipeline:
                         "overhead_ms": overhead_ms},
         )
 
-    def advise(self, req: AnswerRequest) -> dict[str, Any]:
-        """Retrieve and plan without generating: the per-k table, the choice, the profile."""
+    def advise(self, req: AnswerRequest) -> Advice:
+        """Retrieve and plan without generating: the per-k table, the choice, the profile.
+
+        Raises:
+            as :meth:`prepare`.
+        """
         p = self.prepare(req)
-        return {
-            "question": p.request.question, "ttft_budget_ms": p.budget_ms,
-            "revision": p.retrieval.revision, "plan": p.plan.to_dict(),
-            "profile": {"id": p.profile.id, "source": p.profile.source},
-            "candidates": [_hit_summary(h) for h in p.retrieval.hits],
-            "prompt_tokens": p.prompt.prompt_tokens, "scaffold_cached": p.scaffold_cached,
-            "timings": p.timings_ms,
-        }
+        return Advice(
+            question=p.request.question, ttft_budget_ms=p.budget_ms,
+            revision=p.retrieval.revision, plan=PlanPublic.of(p.plan),
+            profile=ProfileRef(id=p.profile.id, source=p.profile.source),
+            candidates=[Citation.of(h) for h in p.retrieval.hits],
+            prompt_tokens=p.prompt.prompt_tokens, scaffold_cached=p.scaffold_cached,
+            timings=AdviceTimings(**p.timings_ms),
+        )
 
     # --- answer ------------------------------------------------------------------
     def stream(self, req: AnswerRequest, *, cancel: threading.Event | None = None,
@@ -207,8 +258,6 @@ class AnswerPipeline:
         Raises:
             RagBudgetError: bad input, unknown revision, queue full (Busy).
         """
-        from generation.base import GenParams
-
         arrival_t = arrival_t if arrival_t is not None else time.perf_counter()
         cancel = cancel or threading.Event()
         prepared = self.prepare(req, arrival_t)
@@ -216,124 +265,130 @@ class AnswerPipeline:
         # resolved(): a sampling request without a seed gets one drawn now, so it is recorded.
         params = GenParams(max_new_tokens=prepared.max_new_tokens, temperature=req.temperature,
                            top_p=req.top_p, seed=req.seed).resolved()
-        state: dict[str, Any] = {"status": "ok", "error": None, "text": [], "first_t": None,
-                                 "last_t": None, "n": 0, "queue_ms": None, "stats": None}
-        slot: Any = self.queue.slot(cancel)
-        before_stats: Any = None
+        state = InFlight()
+        slot: AbstractContextManager[float] | None = self.queue.slot(cancel)
+        before_stats: GenerationStats | None = None
         queued_t = time.perf_counter()
         try:
-            state["queue_ms"] = slot.__enter__()
-            before_stats = getattr(gen, "last_stats", None)  # the previous answer's, once we hold the model
+            state.queue_ms = slot.__enter__()  # type: ignore[union-attr]
+            before_stats = gen.last_stats  # the previous answer's, once we hold the model
         except Cancelled:
-            state["status"] = "cancelled"
-            state["queue_ms"] = (time.perf_counter() - queued_t) * 1000.0  # waited, then left
+            state.status = "cancelled"
+            state.queue_ms = (time.perf_counter() - queued_t) * 1000.0  # waited, then left
             slot = None
         try:
             if slot is not None:
                 # closing(): the generator releases the model lock and finalises its stats
                 # even when the loop stops early (cancel, client gone).
-                with closing(gen.stream(prepared.prompt.ids,
+                with _closing(gen.stream(prepared.prompt.ids,
                                         cached_prefix_ids=prepared.prompt.scaffold_ids,
                                         params=params, cancel=cancel,
                                         messages=prepared.prompt.messages or None)) as it:
                     for ev in it:
-                        state["n"] += 1
-                        state["last_t"] = ev.t
-                        if state["first_t"] is None and ev.text:
-                            state["first_t"] = ev.t
+                        state.n += 1
+                        state.last_t = ev.t
+                        if state.first_t is None and ev.text:
+                            state.first_t = ev.t
                         if ev.text:
-                            state["text"].append(ev.text)
+                            state.text.append(ev.text)
                             yield AnswerEvent("token", text=ev.text)
                         if cancel.is_set():
                             break
                 if cancel.is_set():
-                    state["status"] = "cancelled"
+                    state.status = "cancelled"
         except GeneratorExit:
-            state["status"] = "cancelled"
+            state.status = "cancelled"
             cancel.set()
             raise
         except Exception as exc:  # generation failed after the stream started
             log.exception("generation failed")
-            state["status"] = "failed"
-            state["error"] = {"code": getattr(exc, "code", "generation_failed"), "message": str(exc)}
+            state.status = "failed"
+            state.error = AnswerError(code=str(getattr(exc, "code", "generation_failed")),
+                                      message=str(exc))
         finally:
             if slot is not None:
                 slot.__exit__(None, None, None)
                 # This answer's stats on every path (ok, break, client gone, error), never a
                 # previous answer's (a backend that failed before starting leaves them as they were).
-                stats = getattr(gen, "last_stats", None)
-                state["stats"] = stats if stats is not before_stats else None
+                stats = gen.last_stats
+                state.stats = stats if stats is not before_stats else None
             summary = self._finish(prepared, params, state)
-        if state["status"] == "failed":
+        if state.status == "failed":
             yield AnswerEvent("error", summary=summary)
         else:
             yield AnswerEvent("final", summary=summary)
 
     def answer(self, req: AnswerRequest, *, cancel: threading.Event | None = None,
-               arrival_t: float | None = None) -> dict[str, Any]:
-        """Non-streaming :meth:`stream`: returns the final summary (with ``text``)."""
-        final: dict[str, Any] = {}
+               arrival_t: float | None = None) -> Answer:
+        """Non-streaming :meth:`stream`: returns the final :class:`Answer` (with ``text``).
+
+        Raises:
+            as :meth:`stream`.
+        """
+        final: Answer | None = None
         for ev in self.stream(req, cancel=cancel, arrival_t=arrival_t):
             if ev.kind in ("final", "error") and ev.summary is not None:
                 final = ev.summary
+        assert final is not None, "the stream always ends with a final or error event"
         return final
 
     # --- receipt and summary --------------------------------------------------------
-    def _finish(self, p: Prepared, params: Any, state: dict[str, Any]) -> dict[str, Any]:
-        """Compute timings, write the receipt, record metrics; return the answer summary."""
-        stats = state.get("stats")
-        first_t, last_t = state["first_t"], state["last_t"]
+    def _finish(self, p: Prepared, params: GenParams, state: InFlight) -> Answer:
+        """Compute timings, write the receipt, record metrics; return the :class:`Answer`."""
+        stats = state.stats
+        first_t, last_t = state.first_t, state.last_t
         ttft_ms = (first_t - p.arrival_t) * 1000.0 if first_t is not None else None
-        out_ids = list(getattr(stats, "output_token_ids", []) or [])
-        n_out = len(out_ids) if out_ids else state["n"]
+        out_ids = list(stats.output_token_ids) if stats is not None else []
+        n_out = len(out_ids) if out_ids else state.n
         tpot_ms = ((last_t - first_t) * 1000.0 / (n_out - 1)
                    if first_t is not None and last_t is not None and n_out > 1 else None)
-        text = "".join(state["text"])
+        text = "".join(state.text)
         prompt_tokens = p.prompt.prompt_tokens
-        cached_tokens = int(getattr(stats, "cached_tokens", 0) or 0) if stats else 0
-        computed_tokens = prompt_tokens - cached_tokens
+        cached_tokens = int(stats.cached_tokens or 0) if stats is not None else 0
         k = p.plan.chosen_k if p.plan.chosen_k is not None else 0
         row = p.plan.rows[k] if p.plan.rows and k < len(p.plan.rows) else None
-        timings = {"queue_ms": state["queue_ms"], "ttft_ms": ttft_ms, "tpot_ms": tpot_ms,
-                   "retrieval_ms": p.timings_ms.get("retrieval_ms"),
-                   "overhead_ms": p.timings_ms.get("overhead_ms"),
-                   "total_ms": (time.perf_counter() - p.arrival_t) * 1000.0}
-        summary: dict[str, Any] = {
-            "status": state["status"], "error": state["error"], "text": text,
-            "question": p.request.question, "ttft_budget_ms": p.budget_ms,
+        summary = Answer(
+            status=state.status, error=state.error, text=text,
+            question=p.request.question, ttft_budget_ms=p.budget_ms,
             # measured TTFT <= budget; None when no token came (nothing to measure).
-            "within_budget": None if ttft_ms is None else bool(ttft_ms <= p.budget_ms),
-            "revision": p.retrieval.revision, "chosen_k": k, "binding": p.plan.binding,
+            within_budget=None if ttft_ms is None else bool(ttft_ms <= p.budget_ms),
+            revision=p.retrieval.revision, chosen_k=k, binding=p.plan.binding,
             # predicted TTFT = measured pre-prefill overhead + the profile's prefill p50/p95,
             # the same quantity as the measured ttft_ms (arrival to first token).
-            "predicted": {"ttft_p50_ms": row.ttft_p50_ms + p.plan.overhead_ms if row else None,
-                          "ttft_p95_ms": row.ttft_p95_ms + p.plan.overhead_ms if row else None,
-                          "prefill_p50_ms": row.ttft_p50_ms if row else None,
-                          "overhead_ms": p.plan.overhead_ms,
-                          "profile_id": p.profile.id, "profile_source": p.profile.source},
-            "timings": timings,
-            "tokens": {"prompt": prompt_tokens, "cached": cached_tokens, "computed": computed_tokens,
-                       "output": n_out},
-            "citations": [_hit_summary(h) for h in p.retrieval.hits[:k]],
-            "receipt_id": None,
-        }
+            predicted=PredictedTTFT(
+                ttft_p50_ms=row.ttft_p50_ms + p.plan.overhead_ms if row else None,
+                ttft_p95_ms=row.ttft_p95_ms + p.plan.overhead_ms if row else None,
+                prefill_p50_ms=row.ttft_p50_ms if row else None,
+                overhead_ms=p.plan.overhead_ms, profile_id=p.profile.id,
+                profile_source=p.profile.source),
+            timings=AnswerTimings(
+                queue_ms=state.queue_ms, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
+                retrieval_ms=p.timings_ms.get("retrieval_ms"),
+                overhead_ms=p.timings_ms.get("overhead_ms"),
+                total_ms=(time.perf_counter() - p.arrival_t) * 1000.0),
+            tokens=TokenCounts(prompt=prompt_tokens, cached=cached_tokens,
+                               computed=prompt_tokens - cached_tokens, output=n_out),
+            citations=[Citation.of(h) for h in p.retrieval.hits[:k]],
+            receipt_id=None,
+        )
         try:
-            stored = self._write_receipt(p, params, state, summary, out_ids, text)
-            summary["receipt_id"] = stored.id
+            summary.receipt_id = self._write_receipt(p, params, summary, out_ids)
         except Exception as exc:
             log.exception("receipt write failed")
-            summary["receipt_error"] = str(exc)
+            summary.receipt_error = str(exc)
         self.metrics.observe(summary)
         return summary
 
-    def _write_receipt(self, p: Prepared, params: Any, state: dict[str, Any],
-                       summary: dict[str, Any], out_ids: list[int], text: str) -> Any:
+    def _write_receipt(self, p: Prepared, params: GenParams, summary: Answer,
+                       out_ids: list[int]) -> str:
+        """Append this answer's receipt to the chain; return its id."""
         from receipts.chain import append_receipt
         from receipts.schema import build_receipt_body
 
         gen = self.services.generator
         r = p.retrieval
         ident = dict(gen.identity)
+        text = summary.text
         body = build_receipt_body(
             question=p.request.question,
             corpus={"revision": r.revision, "root_hash": r.root_hash},
@@ -342,30 +397,41 @@ class AnswerPipeline:
             candidates=[{"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id,
                          "document_id": h.document_id, "version": h.version,
                          "chunk_hash": h.chunk_hash} for h in r.hits],
-            plan={"budget_ms": p.budget_ms, "chosen_k": summary["chosen_k"],
+            plan={"budget_ms": p.budget_ms, "chosen_k": summary.chosen_k,
                   "binding": p.plan.binding,
-                  "predicted_ttft_p50_ms": summary["predicted"]["ttft_p50_ms"],
-                  "predicted_ttft_p95_ms": summary["predicted"]["ttft_p95_ms"],
+                  "predicted_ttft_p50_ms": summary.predicted.ttft_p50_ms,
+                  "predicted_ttft_p95_ms": summary.predicted.ttft_p95_ms,
                   "profile_id": p.profile.id, "profile_source": p.profile.source,
                   "overhead_ms": p.timings_ms.get("overhead_ms"),
                   "scaffold_cached": p.scaffold_cached, "rows": p.plan.to_dict().get("rows", [])},
             scaffold={"id": p.scaffold.id, "name": p.scaffold.name, "hash": p.scaffold.hash},
-            prompt={"token_ids_hash": p.prompt.prompt_hash, "prompt_tokens": summary["tokens"]["prompt"],
-                    "cached_tokens": summary["tokens"]["cached"],
-                    "computed_tokens": summary["tokens"]["computed"]},
+            prompt={"token_ids_hash": p.prompt.prompt_hash, "prompt_tokens": summary.tokens.prompt,
+                    "cached_tokens": summary.tokens.cached,
+                    "computed_tokens": summary.tokens.computed},
             generator={"backend": ident.get("backend"), "model_id": ident.get("model_id"),
                        "weights_hash": ident.get("weights_hash"), "dtype": ident.get("dtype"),
                        "device": ident.get("device"), "params": params.to_dict()},
-            timings=summary["timings"],
+            timings=summary.timings.model_dump(),
             output={"text": text, "text_hash": sha256_text(text),
                     "token_ids": out_ids, "token_ids_hash": sha256_ints(out_ids),
-                    "output_tokens": summary["tokens"]["output"]},
-            status=summary["status"], error=summary["error"],
+                    "output_tokens": summary.tokens.output},
+            status=summary.status,
+            error=summary.error.model_dump() if summary.error is not None else None,
             software=software_versions(),
         )
-        return append_receipt(self.services.engine, body)
+        return str(append_receipt(self.services.engine, body).id)
 
 
-def _hit_summary(h: Any) -> dict[str, Any]:
-    return {"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id, "document_id": h.document_id,
-            "version": h.version, "chunk_hash": h.chunk_hash}
+@contextmanager
+def _closing(stream: Iterator[TokenEvent]) -> Iterator[Iterator[TokenEvent]]:
+    """``contextlib.closing`` for a token stream: close it on exit when it can be closed.
+
+    Closing lets the generator release the model lock and finalise ``last_stats`` even
+    when the loop stops early (cancel, client gone).
+    """
+    try:
+        yield stream
+    finally:
+        close = getattr(stream, "close", None)
+        if callable(close):
+            close()

@@ -49,7 +49,7 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
         NotFound: the recorded scaffold is not in the database.
     """
     from app.prompt import PromptBuilder, PromptChunk, scaffold_by_hash
-    from foundation.errors import NotFound
+    from foundation.errors import BackendError, NotFound
     from foundation.hashing import sha256_ints
     from generation.base import GenParams
 
@@ -79,7 +79,10 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
                            top_p=float(p["top_p"]), seed=p.get("seed"))
         text = "".join(ev.text for ev in gen.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids,
                                                      params=params, messages=prompt.messages or None))
-        ids = list(gen.last_stats.output_token_ids)
+        stats = gen.last_stats
+        if stats is None:
+            raise BackendError("the generator finished without reporting its output tokens")
+        ids = list(stats.output_token_ids)
         ident = gen.identity
         env = {f"generator.{k}": ident.get(k) for k in ("backend", "model_id", "weights_hash", "dtype",
                                                          "device")}

@@ -1,7 +1,10 @@
 """The services container: everything heavy is loaded once per process, lazily, thread-safely.
 
 The CLI and the API both hold one :class:`Services`. Nothing is loaded at
-import time; each property loads its object on first use and caches it.
+import time; each property loads its object on first use and caches it. Each
+model property is typed by its room's protocol (``TextTokenizer``, ``Embedder``,
+``RetrieverProtocol``, ``Generator``), so tests put fakes in their place by
+setting ``services.__dict__[name]``.
 """
 
 from __future__ import annotations
@@ -9,13 +12,18 @@ from __future__ import annotations
 import threading
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
 from app.settings import Settings
 from foundation.errors import InvalidConfig
 from generation.base import Generator
+from retrieval.tokens import TextTokenizer
+
+if TYPE_CHECKING:  # numpy / FAISS load only when a retriever is built
+    from retrieval.embedding import Embedder
+    from retrieval.retriever import RetrieverProtocol
 
 
 class Services:
@@ -49,7 +57,7 @@ class Services:
             return generator_dir(self.data_dir, self.settings.generator_path)
 
     @cached_property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> TextTokenizer:
         """The generator's tokenizer as a ``retrieval.tokens.TextTokenizer``."""
         with self._lock:
             if self.settings.generator_backend == "remote":
@@ -64,7 +72,7 @@ class Services:
 
     # --- embedder, index, retriever -------------------------------------------------
     @cached_property
-    def embedder(self) -> Any:
+    def embedder(self) -> Embedder:
         """The configured sentence-transformers embedder (``retrieval.embedding``)."""
         from retrieval.embedding import SentenceTransformerEmbedder, packaged_embedder_path
 
@@ -75,7 +83,7 @@ class Services:
             )
 
     @cached_property
-    def retriever(self) -> Any:
+    def retriever(self) -> RetrieverProtocol:
         """The version-pinned retriever over the FAISS index in ``<data_dir>/index``."""
         from retrieval.retriever import Retriever
 
@@ -84,7 +92,7 @@ class Services:
 
     # --- generation -----------------------------------------------------------------
     @cached_property
-    def generator(self) -> Any:
+    def generator(self) -> Generator:
         """The configured generator (local transformers model or remote engine), loaded once."""
         with self._lock:
             return build_generator(self.settings, self)

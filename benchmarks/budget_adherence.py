@@ -56,15 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     for i, (q, b) in enumerate(pairs):
         s = pipeline.answer(AnswerRequest(question=q["question"], ttft_budget_ms=b,
                                           max_new_tokens=args.max_new_tokens))
-        ttft = s["timings"]["ttft_ms"]
-        results.append({"question_id": q["id"], "budget_ms": b, "chosen_k": s["chosen_k"],
-                        "binding": s["binding"], "ttft_ms": ttft,
-                        "predicted_p95_ms": s["predicted"]["ttft_p95_ms"],
+        ttft = s.timings.ttft_ms
+        results.append({"question_id": q["id"], "budget_ms": b, "chosen_k": s.chosen_k,
+                        "binding": s.binding, "ttft_ms": ttft,
+                        "predicted_p95_ms": s.predicted.ttft_p95_ms,
                         "within": ttft is not None and ttft <= b,
                         "used": (ttft / b) if ttft is not None else None,
-                        "receipt_id": s["receipt_id"]})
-        print(f"[{i + 1}/{len(pairs)}] budget {b:6.0f} ms  k={s['chosen_k']:>2}  TTFT "
-              f"{ttft:7.1f} ms  p95 pred {s['predicted']['ttft_p95_ms']:7.1f}  {q['id']}",
+                        "receipt_id": s.receipt_id})
+        print(f"[{i + 1}/{len(pairs)}] budget {b:6.0f} ms  k={s.chosen_k:>2}  TTFT "
+              f"{ttft or 0:7.1f} ms  p95 pred {s.predicted.ttft_p95_ms or 0:7.1f}  {q['id']}",
               file=sys.stderr, flush=True)
 
     def agg(rows: list[dict]) -> dict:

@@ -24,7 +24,7 @@ import unicodedata
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from sqlalchemy import Engine, bindparam, or_, select
@@ -84,6 +84,24 @@ class RetrievalResult:
             for hit in out["hits"]:
                 hit.pop("text", None)
         return out
+
+
+class RetrieverProtocol(Protocol):
+    """What the answer pipeline, replay and the API need from a retriever (:class:`Retriever`)."""
+
+    def retrieve(self, query: str, k: int, revision: int | None = None) -> RetrievalResult:
+        """Top-``k`` chunks for ``query`` live at ``revision`` (default: latest), ranked by
+        ``(-score, chunk id)``.
+
+        Raises:
+            InvalidInput: empty query or ``k < 1``.
+            UnknownRevision: ``revision`` is not a committed revision.
+        """
+        ...
+
+    def reindex(self) -> dict[str, Any]:
+        """Rebuild the index from the database; return what was done."""
+        ...
 
 
 def is_blank_query(query: str) -> bool:

@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.answer_types import Advice, AdviceCurve, Answer
 from app.api.deps import require_role
 from app.api.streaming import iterate_in_thread
 from app.pipeline import AnswerEvent, AnswerPipeline, AnswerRequest
@@ -69,16 +70,19 @@ class AdviseCreate(BaseModel):
 
 
 def sse(event: str, data: Any) -> bytes:
-    """One server-sent event (``event:`` line + one ``data:`` line of JSON)."""
+    """One server-sent event (``event:`` line + one ``data:`` line of JSON; models are dumped)."""
+    if isinstance(data, BaseModel):
+        data = data.model_dump(mode="json")
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False, default=str)}\n\n".encode()
 
 
-@router.post("/v1/answer", dependencies=[Depends(require_role("copilot"))], responses=SSE_RESPONSE)
+@router.post("/v1/answer", dependencies=[Depends(require_role("copilot"))], response_model=Answer,
+             responses=SSE_RESPONSE)
 async def answer(body: AnswerCreate, request: Request,
                  pipeline: AnswerPipeline = Depends(get_pipeline)) -> Any:
     """Retrieve, plan for the TTFT budget, generate, write a receipt.
 
-    Non-streaming: JSON summary with ``text``, ``chosen_k``, ``citations``,
+    Non-streaming: the :class:`~app.answer_types.Answer` with ``text``, ``chosen_k``, ``citations``,
     ``predicted`` (p50/p95 TTFT ms, profile id and source), ``timings``
     (queue_ms, ttft_ms, tpot_ms, retrieval_ms), ``tokens`` and ``receipt_id``.
     Streaming (``stream: true``): ``text/event-stream`` of ``token`` events
@@ -99,7 +103,7 @@ async def answer(body: AnswerCreate, request: Request,
         final = first
         async for ev in events:
             final = ev
-        return JSONResponse(final.summary, status_code=200)
+        return final.summary
 
     async def gen() -> AsyncIterator[bytes]:
         ev: AnswerEvent | None = first
@@ -118,8 +122,8 @@ async def answer(body: AnswerCreate, request: Request,
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-@router.post("/v1/advise", dependencies=[Depends(require_role("copilot"))])
-def advise(body: AdviseCreate, pipeline: AnswerPipeline = Depends(get_pipeline)) -> dict[str, Any]:
+@router.post("/v1/advise", dependencies=[Depends(require_role("copilot"))], response_model=Advice)
+def advise(body: AdviseCreate, pipeline: AnswerPipeline = Depends(get_pipeline)) -> Advice:
     """Retrieve and plan: the per-k table (prompt/cached/computed tokens, predicted TTFT p50/p95,
     fits budget, fits context), the chosen k with its binding reason, and the profile used
     (``source``: fitted or prior). Errors: 422 ``invalid_budget`` / ``empty_question``, 404."""
@@ -128,15 +132,13 @@ def advise(body: AdviseCreate, pipeline: AnswerPipeline = Depends(get_pipeline))
                                          max_new_tokens=body.max_new_tokens))
 
 
-@router.get("/v1/advise/curve", dependencies=[Depends(require_role("copilot"))])
+@router.get("/v1/advise/curve", dependencies=[Depends(require_role("copilot"))],
+            response_model=AdviceCurve)
 def advise_curve(question: str = Query(..., max_length=100_000),
                  ttft_budget_ms: float | None = Query(None),
                  k_max: int | None = Query(None, ge=0),
                  revision: int | None = Query(None, ge=1, le=MAX_REVISION),
-                 pipeline: AnswerPipeline = Depends(get_pipeline)) -> dict[str, Any]:
+                 pipeline: AnswerPipeline = Depends(get_pipeline)) -> AdviceCurve:
     """The per-k curve for a user interface: same rows as ``/v1/advise``, budget optional."""
-    out = pipeline.advise(AnswerRequest(question=question, ttft_budget_ms=ttft_budget_ms,
-                                        revision=revision, k_max=k_max))
-    return {"question": out["question"], "ttft_budget_ms": out["ttft_budget_ms"],
-            "revision": out["revision"], "profile": out["profile"], "rows": out["plan"].get("rows", []),
-            "chosen_k": out["plan"].get("chosen_k"), "binding": out["plan"].get("binding")}
+    return AdviceCurve.of(pipeline.advise(AnswerRequest(
+        question=question, ttft_budget_ms=ttft_budget_ms, revision=revision, k_max=k_max)))

@@ -15,12 +15,13 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Header, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.answer_types import Answer, AnswerTimings, Citation, PredictedTTFT
 from app.api.deps import require_role
 from app.api.routes_answer import MAX_REVISION, SSE_RESPONSE, get_pipeline
 from app.api.streaming import iterate_in_thread
@@ -74,27 +75,83 @@ def last_user_text(messages: list[ChatMessage]) -> str:
     raise InvalidInput("no user message with text content", code="no_user_message")
 
 
-def _usage(summary: dict[str, Any]) -> dict[str, Any]:
-    tok = summary.get("tokens", {})
-    p, o = int(tok.get("prompt") or 0), int(tok.get("output") or 0)
-    return {"prompt_tokens": p, "completion_tokens": o, "total_tokens": p + o,
-            "prompt_tokens_details": {"cached_tokens": int(tok.get("cached") or 0)}}
+class PromptTokensDetails(BaseModel):
+    """OpenAI ``usage.prompt_tokens_details``."""
+
+    cached_tokens: int = Field(description="prompt tokens served from the prefix KV cache")
 
 
-def _extra(summary: dict[str, Any]) -> dict[str, Any]:
-    return {k: summary.get(k) for k in ("receipt_id", "chosen_k", "binding", "predicted", "timings",
-                                        "citations", "status", "revision", "ttft_budget_ms")}
+class Usage(BaseModel):
+    """OpenAI ``usage``: token counts of the prompt and the completion."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
-def _finish_reason(summary: dict[str, Any], max_new: int) -> str:
-    if summary.get("status") != "ok":
+class AssistantMessage(BaseModel):
+    """The answer as an OpenAI assistant message."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    """The one choice of a non-streamed completion."""
+
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+
+
+class RagbudgetExtra(BaseModel):
+    """ragbudget's own fields on an OpenAI response: receipt id, plan choice, prediction, timings."""
+
+    receipt_id: str | None
+    chosen_k: int
+    binding: str
+    predicted: PredictedTTFT
+    timings: AnswerTimings
+    citations: list[Citation]
+    status: str
+    revision: int
+    ttft_budget_ms: float
+
+
+class ChatCompletion(BaseModel):
+    """A non-streamed OpenAI ``chat.completion`` with the ``ragbudget`` extra field."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(description="Unix time, seconds")
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    ragbudget: RagbudgetExtra
+
+
+def _usage(summary: Answer) -> Usage:
+    tok = summary.tokens
+    return Usage(prompt_tokens=tok.prompt, completion_tokens=tok.output,
+                 total_tokens=tok.prompt + tok.output,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=tok.cached))
+
+
+def _extra(summary: Answer) -> RagbudgetExtra:
+    return RagbudgetExtra.model_validate(summary.model_dump(include=set(RagbudgetExtra.model_fields)))
+
+
+def _finish_reason(summary: Answer, max_new: int) -> Literal["stop", "length"]:
+    if summary.status != "ok":
         return "stop"
-    return "length" if int(summary.get("tokens", {}).get("output") or 0) >= max_new else "stop"
+    return "length" if summary.tokens.output >= max_new else "stop"
 
 
 @router.post("/v1/chat/completions", dependencies=[Depends(require_role("copilot"))],
-             responses=SSE_RESPONSE)
-async def chat_completions(body: ChatCompletionCreate, request: Request,
+             response_model=ChatCompletion, responses=SSE_RESPONSE)
+async def chat_completions(body: ChatCompletionCreate, request: Request, response: Response,
                            x_ttft_budget_ms: float | None = Header(None),
                            pipeline: AnswerPipeline = Depends(get_pipeline)) -> Any:
     """OpenAI chat completion answered by the RAG pipeline (see module docstring).
@@ -120,13 +177,14 @@ async def chat_completions(body: ChatCompletionCreate, request: Request,
         final = first
         async for ev in events:
             final = ev
-        s = final.summary or {}
-        resp = {"id": cid, "object": "chat.completion", "created": created, "model": body.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": s.get("text", "")},
-                             "finish_reason": _finish_reason(s, max_new), "logprobs": None}],
-                "usage": _usage(s), "ragbudget": _extra(s)}
-        headers = {"X-Ragbudget-Receipt-Id": str(s.get("receipt_id") or "")}
-        return JSONResponse(resp, headers=headers)
+        s = final.summary
+        assert s is not None, "the pipeline ends every stream with a summary"
+        response.headers["X-Ragbudget-Receipt-Id"] = s.receipt_id or ""
+        return ChatCompletion(
+            id=cid, created=created, model=body.model,
+            choices=[ChatChoice(message=AssistantMessage(content=s.text),
+                                finish_reason=_finish_reason(s, max_new))],
+            usage=_usage(s), ragbudget=_extra(s))
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -144,14 +202,18 @@ async def chat_completions(body: ChatCompletionCreate, request: Request,
                 if ev.kind == "token":
                     yield chunk({"content": ev.text})
                 else:
-                    s = ev.summary or {}
+                    s = ev.summary
+                    assert s is not None, "final and error events carry the summary"
                     if ev.kind == "error":
-                        err = {"error": {"code": "generation_failed", "message": str(s.get("error"))}}
+                        err_obj = s.error.model_dump() if s.error is not None else None
+                        err = {"error": {"code": "generation_failed", "message": str(err_obj)}}
                         yield f"data: {json.dumps(err)}\n\n".encode()
-                    yield chunk({}, _finish_reason(s, max_new), ragbudget=_extra(s))
+                    yield chunk({}, _finish_reason(s, max_new),
+                                ragbudget=_extra(s).model_dump(mode="json"))
                     if include_usage:
                         usage = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                                 "model": body.model, "choices": [], "usage": _usage(s)}
+                                 "model": body.model, "choices": [],
+                                 "usage": _usage(s).model_dump(mode="json")}
                         yield f"data: {json.dumps(usage)}\n\n".encode()
                 ev = await anext(events, None)
         except Exception as exc:  # never a silent cut

@@ -52,7 +52,19 @@ class ProfilePublic(BaseModel):
 
 
 class ProfileList(BaseModel):
+    """Every stored profile, newest first."""
+
     profiles: list[ProfilePublic]
+
+
+class ProfileDetail(ProfilePublic):
+    """One profile, with its raw calibration samples unless they were left out.
+
+    ``samples``: ``{"prefill": [[prompt_tokens, cached_tokens, ms], ...], "decode": [...]}``
+    as recorded by calibration (see :class:`latency_model.profile.Profile`).
+    """
+
+    samples: dict[str, list[list[Any]]] | None = None
 
 
 def _public(summary: dict[str, Any]) -> ProfilePublic:
@@ -69,10 +81,11 @@ def list_latency_profiles(services: Services = Depends(get_services)) -> Profile
                                  for p in list_profiles(services.engine, services.data_dir)])
 
 
-@router.get("/profiles/{profile_id}", dependencies=[Depends(require_role("copilot"))])
+@router.get("/profiles/{profile_id}", dependencies=[Depends(require_role("copilot"))],
+            response_model=ProfileDetail, response_model_exclude_unset=True)
 def get_latency_profile(profile_id: str, samples: bool = Query(
         True, description="include the raw calibration samples"),
-        services: Services = Depends(get_services)) -> dict[str, Any]:
+        services: Services = Depends(get_services)) -> ProfileDetail:
     """One profile, complete (raw samples included unless ``samples=false``).
 
     ``profile_id``: ``sha256:<hex>``, the bare hex, or a unique prefix of >= 8 hex digits.
@@ -81,4 +94,4 @@ def get_latency_profile(profile_id: str, samples: bool = Query(
     from app.profile_store import load_profile
 
     profile = load_profile(services.engine, services.data_dir, profile_id)
-    return profile.to_dict() if samples else profile.summary()
+    return ProfileDetail.model_validate(profile.to_dict() if samples else profile.summary())

@@ -13,7 +13,13 @@ from app.services import Services
 router = APIRouter(tags=["metrics"])
 
 
-@router.get("/metrics", response_class=Response)
+# Not JSON: the Prometheus text exposition format (version 0.0.4), described as such in OpenAPI.
+PROMETHEUS_TEXT: dict[int | str, dict[str, object]] = {
+    200: {"description": "Prometheus text exposition format",
+          "content": {"text/plain": {"schema": {"type": "string"}}}}}
+
+
+@router.get("/metrics", response_class=Response, responses=PROMETHEUS_TEXT)
 def metrics(request: Request, services: Services = Depends(get_services)) -> Response:
     """Histograms (ms) of TTFT, TPOT, queue and retrieval time; counters of answers by status,
     budget misses and prompt/cached/computed tokens. Needs role operator unless

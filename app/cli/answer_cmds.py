@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.cli.common import add_json_flag, emit
+
+if TYPE_CHECKING:
+    from app.answer_types import Advice, Answer
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -31,27 +34,27 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d.set_defaults(func=cmd_advise)
 
 
-def _fmt(v: Any, unit: str = " ms") -> str:
+def _fmt(v: float | None, unit: str = " ms") -> str:
     return "-" if v is None else f"{v:.0f}{unit}"
 
 
-def render_summary(s: dict[str, Any]) -> str:
+def render_summary(s: Answer) -> str:
     """The few lines printed under a streamed answer."""
-    p, t, tok = s["predicted"], s["timings"], s["tokens"]
-    cites = ", ".join(f"[{i + 1}] {c['document_id']} v{c['version']}" for i, c in enumerate(s["citations"]))
+    p, t, tok = s.predicted, s.timings, s.tokens
+    cites = ", ".join(f"[{i + 1}] {c.document_id} v{c.version}" for i, c in enumerate(s.citations))
     miss = ""
-    if s.get("within_budget") is False:
-        miss = f" | OVER BUDGET by {t['ttft_ms'] - s['ttft_budget_ms']:.0f} ms"
+    if s.within_budget is False and t.ttft_ms is not None:
+        miss = f" | OVER BUDGET by {t.ttft_ms - s.ttft_budget_ms:.0f} ms"
     return "\n".join([
-        f"status {s['status']} | k={s['chosen_k']} ({s['binding']}) | budget {_fmt(s['ttft_budget_ms'])}",
-        f"TTFT predicted p50 {_fmt(p['ttft_p50_ms'])} / p95 {_fmt(p['ttft_p95_ms'])} "
-        f"[{p['profile_source']} profile] | measured {_fmt(t['ttft_ms'])} "
-        f"(queue {_fmt(t['queue_ms'])}, retrieval {_fmt(t['retrieval_ms'])}) | TPOT {_fmt(t['tpot_ms'])}"
+        f"status {s.status} | k={s.chosen_k} ({s.binding}) | budget {_fmt(s.ttft_budget_ms)}",
+        f"TTFT predicted p50 {_fmt(p.ttft_p50_ms)} / p95 {_fmt(p.ttft_p95_ms)} "
+        f"[{p.profile_source} profile] | measured {_fmt(t.ttft_ms)} "
+        f"(queue {_fmt(t.queue_ms)}, retrieval {_fmt(t.retrieval_ms)}) | TPOT {_fmt(t.tpot_ms)}"
         f"{miss}",
-        f"tokens: prompt {tok['prompt']} (cached {tok['cached']}, computed {tok['computed']}), "
-        f"output {tok['output']}",
+        f"tokens: prompt {tok.prompt} (cached {tok.cached}, computed {tok.computed}), "
+        f"output {tok.output}",
         f"sources: {cites or '(none)'}",
-        f"receipt: {s['receipt_id']}",
+        f"receipt: {s.receipt_id}",
     ])
 
 
@@ -63,7 +66,7 @@ def cmd_ask(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyp
     req = AnswerRequest(question=args.question, ttft_budget_ms=args.budget_ms,
                         max_new_tokens=args.max_new_tokens, revision=args.revision, k_max=args.k_max)
     cancel = threading.Event()
-    summary: dict[str, Any] = {}
+    summary: Answer | None = None
     try:
         for ev in pipeline.stream(req, cancel=cancel):
             if ev.kind == "token" and not args.json:
@@ -76,8 +79,9 @@ def cmd_ask(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyp
         raise
     if not args.json:
         print("\n")
+    assert summary is not None, "the pipeline ends every stream with a summary"
     emit(args, summary, render_summary)
-    return 0 if summary.get("status") == "ok" else 1
+    return 0 if summary.status == "ok" else 1
 
 
 def cmd_advise(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyped-def]
@@ -89,23 +93,23 @@ def cmd_advise(args: argparse.Namespace, services) -> int:  # type: ignore[no-un
         question=args.question, ttft_budget_ms=args.budget_ms, revision=args.revision,
         k_max=args.k_max, max_new_tokens=args.max_new_tokens))
 
-    def human(o: dict[str, Any]) -> str:
-        plan = o["plan"]
-        over = float(plan["overhead_ms"])
-        lines = [f"budget {o['ttft_budget_ms']:.0f} ms, revision {o['revision']}, profile "
-                 f"{o['profile']['id'][:19]} ({o['profile']['source']})",
+    def human(o: Advice) -> str:
+        plan = o.plan
+        over = plan.overhead_ms
+        lines = [f"budget {o.ttft_budget_ms:.0f} ms, revision {o.revision}, profile "
+                 f"{o.profile.id[:19]} ({o.profile.source})",
                  f"TTFT = overhead {over:.0f} ms (retrieval, tokenisation, measured) + prefill; "
                  f"a row fits when its TTFT p95 <= the budget",
                  f"{'k':>3} {'prompt':>7} {'cached':>7} {'computed':>8} {'prefill p50':>11} "
                  f"{'TTFT p50':>9} {'TTFT p95':>9}  fits"]
-        for r in plan["rows"]:
-            mark = " <- chosen" if r["k"] == plan["chosen_k"] else ""
-            fits = "yes" if r["fits_budget"] and r["fits_context"] else "no"
-            lines.append(f"{r['k']:>3} {r['prompt_tokens']:>7} {r['cached_tokens']:>7} "
-                         f"{r['computed_tokens']:>8} {r['ttft_p50_ms']:>11.0f} "
-                         f"{r['ttft_p50_ms'] + over:>9.0f} {r['ttft_p95_ms'] + over:>9.0f}  "
+        for r in plan.rows:
+            mark = " <- chosen" if r.k == plan.chosen_k else ""
+            fits = "yes" if r.fits_budget and r.fits_context else "no"
+            lines.append(f"{r.k:>3} {r.prompt_tokens:>7} {r.cached_tokens:>7} "
+                         f"{r.computed_tokens:>8} {r.ttft_p50_ms:>11.0f} "
+                         f"{r.ttft_p50_ms + over:>9.0f} {r.ttft_p95_ms + over:>9.0f}  "
                          f"{fits}{mark}")
-        lines.append(f"chosen k = {plan['chosen_k']} (binding: {plan['binding']}): {plan['message']}")
+        lines.append(f"chosen k = {plan.chosen_k} (binding: {plan.binding}): {plan.message}")
         return "\n".join(lines)
 
     emit(args, out, human)

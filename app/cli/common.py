@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel
+
 from foundation.errors import (
     AuthError,
     Busy,
@@ -43,9 +45,13 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def emit(args: argparse.Namespace, payload: Any, human: Callable[[Any], str] | None = None) -> None:
-    """Print ``payload`` as JSON (``--json``) or through ``human`` (default: pretty JSON)."""
+    """Print ``payload`` as JSON (``--json``) or through ``human`` (default: pretty JSON).
+
+    A pydantic model is printed as its JSON dump; ``human`` receives the model itself.
+    """
     if getattr(args, "json", False) or human is None:
-        print(json.dumps(payload, indent=None if getattr(args, "json", False) else 2,
+        data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+        print(json.dumps(data, indent=None if getattr(args, "json", False) else 2,
                          sort_keys=True, ensure_ascii=False, default=str))
     else:
         print(human(payload))

@@ -104,6 +104,7 @@ def _calibrate(services: Any, state: DemoState) -> None:
 
 
 def _ask(services: Any, state: DemoState, budget_ms: float, max_new: int) -> list[str]:
+    from app.answer_types import Answer
     from app.cli.answer_cmds import render_summary
     from app.pipeline import AnswerPipeline, AnswerRequest
 
@@ -116,16 +117,17 @@ def _ask(services: Any, state: DemoState, budget_ms: float, max_new: int) -> lis
     receipts = []
     for q in QUESTIONS:
         print(f"\nQ: {q}\nA: ", end="", flush=True)
-        summary: dict[str, Any] = {}
+        summary: Answer | None = None
         for ev in pipeline.stream(AnswerRequest(question=q, ttft_budget_ms=budget_ms,
                                                 max_new_tokens=max_new)):
             if ev.kind == "token":
                 print(ev.text, end="", flush=True)
             elif ev.summary is not None:
                 summary = ev.summary
+        assert summary is not None, "the pipeline ends every stream with a summary"
         print("\n" + render_summary(summary), flush=True)
-        if summary.get("receipt_id"):
-            receipts.append(summary["receipt_id"])
+        if summary.receipt_id:
+            receipts.append(summary.receipt_id)
     state.set("receipts", receipts)
     return receipts
 

@@ -86,8 +86,8 @@ def tuning(request: Request, question: str = Query("", max_length=100_000),
     profile = pipeline.profile()
     sweep = _sweep_overlay(services, profile.id)
     if advice is not None:
-        plan = advice["plan"]
-        cands = advice["candidates"]
+        plan = advice.plan.model_dump()
+        cands = [c.model_dump() for c in advice.candidates]
         for r in plan["rows"]:
             k = int(r["k"])
             rows.append({**r, "adds": cands[k - 1] if 1 <= k <= len(cands) else None,

@@ -116,15 +116,20 @@ def test_ask_command_streams_a_real_answer_and_prints_the_summary(answer_service
 
 
 def test_ask_summary_flags_a_budget_miss_and_not_a_kept_budget():
+    from app.answer_types import Answer
     from app.cli.answer_cmds import render_summary
+    from tests.app.answers import make_answer
 
-    def summary(ttft_ms: float) -> dict[str, Any]:
-        return {"status": "ok", "chosen_k": 1, "binding": "budget", "ttft_budget_ms": 800.0,
-                "within_budget": ttft_ms <= 800.0,
-                "predicted": {"ttft_p50_ms": 500.0, "ttft_p95_ms": 600.0, "profile_source": "fitted"},
-                "timings": {"ttft_ms": ttft_ms, "queue_ms": 0.0, "retrieval_ms": 20.0, "tpot_ms": 40.0},
-                "tokens": {"prompt": 200, "cached": 80, "computed": 120, "output": 8},
-                "citations": [{"document_id": "a.html", "version": 1}], "receipt_id": "rcpt_x"}
+    def summary(ttft_ms: float) -> Answer:
+        return make_answer(
+            status="ok", chosen_k=1, binding="budget", ttft_budget_ms=800.0,
+            within_budget=ttft_ms <= 800.0,
+            predicted={"ttft_p50_ms": 500.0, "ttft_p95_ms": 600.0, "profile_source": "fitted"},
+            timings={"ttft_ms": ttft_ms, "queue_ms": 0.0, "retrieval_ms": 20.0, "tpot_ms": 40.0},
+            tokens={"prompt": 200, "cached": 80, "computed": 120, "output": 8},
+            citations=[{"rank": 1, "score": 0.5, "chunk_id": 1, "document_id": "a.html", "version": 1,
+                        "chunk_hash": "sha256:" + "0" * 64}],
+            receipt_id="rcpt_x")
 
     assert "OVER BUDGET by 3112 ms" in render_summary(summary(3912.0))
     assert "OVER BUDGET" not in render_summary(summary(800.0))

@@ -6,16 +6,17 @@ from app.metrics import AnswerMetrics
 from app.settings import get_settings
 from app.validation import check_budget, check_k, check_max_new_tokens, check_question
 from foundation.errors import InvalidInput, TooLarge
+from tests.app.answers import make_answer
 
 
 def test_metrics_count_budget_misses_and_tokens():
     m = AnswerMetrics()
-    m.observe({"status": "ok", "ttft_budget_ms": 100, "within_budget": False,
-               "timings": {"ttft_ms": 150, "tpot_ms": 20},
-               "tokens": {"prompt": 300, "cached": 100, "computed": 200, "output": 64}})
-    m.observe({"status": "cancelled", "ttft_budget_ms": 100, "within_budget": True,
-               "timings": {"ttft_ms": 50},
-               "tokens": {"prompt": 10, "cached": 0, "computed": 10, "output": 3}})
+    m.observe(make_answer(status="ok", ttft_budget_ms=100, within_budget=False,
+                          timings={"ttft_ms": 150, "tpot_ms": 20},
+                          tokens={"prompt": 300, "cached": 100, "computed": 200, "output": 64}))
+    m.observe(make_answer(status="cancelled", ttft_budget_ms=100, within_budget=True,
+                          timings={"ttft_ms": 50},
+                          tokens={"prompt": 10, "cached": 0, "computed": 10, "output": 3}))
     text = m.render().decode()
     assert "ragbudget_budget_misses_total 1.0" in text
     assert 'ragbudget_answers_total{status="cancelled"} 1.0' in text

@@ -107,10 +107,10 @@ def build_world(root: Path, profile: Profile, **settings: Any) -> ConsoleWorld:
     pipeline.warm()
     for q in QUESTIONS:
         world.receipts.append(pipeline.answer(AnswerRequest(question=q, ttft_budget_ms=WITHIN_BUDGET_MS))
-                              ["receipt_id"])
+                              .receipt_id)
     generator.delay_s = 0.05
     world.over_budget = pipeline.answer(AnswerRequest(question="What does pg_dump write?",
-                                                      ttft_budget_ms=TINY_BUDGET_MS))["receipt_id"]
+                                                      ttft_budget_ms=TINY_BUDGET_MS)).receipt_id
     generator.delay_s = 0.0
     first = world.receipts[0]
     from receipts.chain import get_receipt

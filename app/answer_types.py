@@ -1,0 +1,198 @@
+"""Typed answers and plans: what the pipeline returns, the API serves and the CLI prints.
+
+One family of pydantic models (DESIGN.md, "Request/response schemas as small
+pydantic families") is the single shape of an answer everywhere:
+:class:`Answer` is built by :mod:`app.pipeline`, recorded by :mod:`app.metrics`,
+written into the receipt, returned by ``POST /v1/answer`` (its response model;
+the ``final`` server-sent event carries the same object) and printed by
+``ragbudget ask``. :class:`Advice` and :class:`AdviceCurve` are the same for
+``POST /v1/advise`` and ``GET /v1/advise/curve``; :class:`PlanPublic` mirrors
+:class:`latency_model.planner.Plan`.
+
+Units live in the names: ``*_ms`` milliseconds (``time.perf_counter`` deltas),
+token counts are generator tokens. Timing definitions follow vLLM's benchmark
+conventions (see :mod:`app.pipeline`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from latency_model.planner import Plan
+
+AnswerStatus = Literal["ok", "cancelled", "failed"]
+
+
+class Citation(BaseModel):
+    """One retrieved chunk as cited (or offered as a candidate), in rank order."""
+
+    rank: int = Field(description="1-based rank in the retrieval")
+    score: float = Field(description="exact float32 inner product, as stored")
+    chunk_id: int
+    document_id: str
+    version: int = Field(description="document version the chunk belongs to")
+    chunk_hash: str = Field(description="sha256:<hex> of the chunk text")
+
+    @classmethod
+    def of(cls, hit: Any) -> Citation:
+        """From a :class:`retrieval.retriever.Hit` (or anything with the same attributes)."""
+        return cls(rank=hit.rank, score=hit.score, chunk_id=hit.chunk_id,
+                   document_id=str(hit.document_id), version=hit.version, chunk_hash=hit.chunk_hash)
+
+
+class AnswerError(BaseModel):
+    """Why an answer failed after generation started (``status == "failed"``)."""
+
+    code: str
+    message: str
+
+
+class PredictedTTFT(BaseModel):
+    """The plan's prediction for the chosen ``k``.
+
+    ``ttft_*_ms`` = measured pre-prefill overhead + the profile's prefill p50/p95,
+    the same quantity as the measured ``timings.ttft_ms``; ``None`` when nothing
+    fitted (no row was chosen).
+    """
+
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    prefill_p50_ms: float | None
+    overhead_ms: float = Field(description="time spent before prefill, measured, ms")
+    profile_id: str
+    profile_source: str = Field(description="fitted or prior")
+
+
+class AnswerTimings(BaseModel):
+    """Measured times of one answer, ms; ``None`` when the step did not happen."""
+
+    queue_ms: float | None = Field(description="wait for the model")
+    ttft_ms: float | None = Field(description="request arrival to the first token with text")
+    tpot_ms: float | None = Field(description="mean gap between later tokens")
+    retrieval_ms: float | None = Field(description="query embedding + search + fetch")
+    overhead_ms: float | None = Field(description="arrival to the plan (retrieval, tokenisation)")
+    total_ms: float | None = Field(description="arrival to the end of the answer")
+
+
+class TokenCounts(BaseModel):
+    """Token counts: ``prompt == cached + computed``; ``output`` generated tokens."""
+
+    prompt: int
+    cached: int = Field(description="prompt tokens served from the prefix KV cache")
+    computed: int = Field(description="prompt tokens prefilled")
+    output: int
+
+
+class Answer(BaseModel):
+    """One answered question: text, the plan's choice, predicted vs measured TTFT, receipt id.
+
+    ``within_budget`` is measured ``ttft_ms <= ttft_budget_ms`` (``None`` when no
+    token came). ``receipt_error`` is set only when writing the receipt failed.
+    """
+
+    status: AnswerStatus
+    error: AnswerError | None
+    text: str
+    question: str
+    ttft_budget_ms: float
+    within_budget: bool | None
+    revision: int
+    chosen_k: int
+    binding: str = Field(description="why k stopped: budget, context_window, "
+                                     "candidates_exhausted or nothing_fits")
+    predicted: PredictedTTFT
+    timings: AnswerTimings
+    tokens: TokenCounts
+    citations: list[Citation]
+    receipt_id: str | None
+    receipt_error: str | None = None
+
+
+class PlanRowPublic(BaseModel):
+    """One candidate ``k`` of a plan (see :class:`latency_model.planner.PlanRow`); times in ms."""
+
+    k: int
+    prompt_tokens: int
+    cached_tokens: int
+    computed_tokens: int
+    ttft_p50_ms: float = Field(description="predicted prefill p50 (overhead not included)")
+    ttft_p95_ms: float = Field(description="predicted prefill p95 (overhead not included)")
+    fits_budget: bool
+    fits_context: bool
+
+
+class PlanPublic(BaseModel):
+    """A plan: the per-k table, the chosen ``k`` and why (see :class:`latency_model.planner.Plan`).
+
+    ``budget_used_fraction`` = (chosen row's p95 + overhead) / budget; ``None`` when nothing fits.
+    """
+
+    rows: list[PlanRowPublic]
+    chosen_k: int | None
+    binding: str
+    min_feasible_budget_ms: float | None
+    budget_ms: float
+    overhead_ms: float
+    max_new_tokens: int
+    context_window: int
+    profile_id: str
+    profile_source: str
+    message: str
+    budget_used_fraction: float | None
+
+    @classmethod
+    def of(cls, plan: Plan) -> PlanPublic:
+        """The public form of a planner :class:`~latency_model.planner.Plan`."""
+        return cls.model_validate(plan.to_dict())
+
+
+class ProfileRef(BaseModel):
+    """The latency profile a plan came from."""
+
+    id: str
+    source: str = Field(description="fitted or prior")
+
+
+class AdviceTimings(BaseModel):
+    """Measured times of an advise call, ms."""
+
+    retrieval_ms: float
+    planning_ms: float
+    overhead_ms: float = Field(description="arrival to the plan (the overhead the plan adds)")
+
+
+class Advice(BaseModel):
+    """``POST /v1/advise``: the per-k table, the choice, the profile; nothing generated."""
+
+    question: str
+    ttft_budget_ms: float
+    revision: int
+    plan: PlanPublic
+    profile: ProfileRef
+    candidates: list[Citation]
+    prompt_tokens: int = Field(description="prompt tokens at the chosen k")
+    scaffold_cached: bool
+    timings: AdviceTimings
+
+
+class AdviceCurve(BaseModel):
+    """``GET /v1/advise/curve``: the rows of :class:`Advice` for a chart, with the choice."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str
+    ttft_budget_ms: float
+    revision: int
+    profile: ProfileRef
+    rows: list[PlanRowPublic]
+    chosen_k: int | None
+    binding: str
+
+    @classmethod
+    def of(cls, advice: Advice) -> AdviceCurve:
+        """The curve of an :class:`Advice`."""
+        return cls(question=advice.question, ttft_budget_ms=advice.ttft_budget_ms,
+                   revision=advice.revision, profile=advice.profile, rows=advice.plan.rows,
+                   chosen_k=advice.plan.chosen_k, binding=advice.plan.binding)
