@@ -37,7 +37,11 @@ class LatencyProfileRow(Base):
 
 
 class ApiKey(Base):
-    """An API key, stored only as a salted hash (scrypt); the key is shown once at creation."""
+    """An API key, stored only as a keyed hash of its secret, shown once at creation.
+
+    ``key_hash``: ``hmac-sha256:<hex>`` keyed by ``salt``; keys made before that scheme hold a
+    bare-hex salted scrypt hash until their first use re-hashes them (see :mod:`app.auth`).
+    """
 
     __tablename__ = "api_keys"
 
@@ -48,3 +52,4 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[str] = mapped_column(String(40))
     revoked_at: Mapped[str | None] = mapped_column(String(40), nullable=True)
+
