@@ -28,6 +28,7 @@ n-th page so the sample spans the set) and each extractor, the script prints:
 * ``ms/page``: extraction wall time per page (``time.perf_counter``).
 
 ``ragbudget`` is ``retrieval.extract.extract_text`` (what ingest stores);
+``ragbudget@REV`` the same function as of git revision ``REV``;
 ``html2text``, ``inscriptis`` and ``markdownify`` are run when installed, on
 the whole page, with links and images off. Texts are compared after
 ``foundation.hashing.normalize_text`` on both sides.
@@ -182,6 +183,9 @@ def extractors(names: list[str]) -> dict[str, Callable[[bytes], str]]:
             from retrieval.extract import extract_text
 
             out[name] = lambda raw: extract_text(raw, "html")
+        elif name.startswith("ragbudget@"):
+            old = _baseline_module(name.split("@", 1)[1], Path(tempfile.mkdtemp(prefix="rb-extract-")))
+            out[name] = lambda raw, _m=old: str(_m.extract_text(raw, "html"))
         elif name == "html2text":
             try:
                 import html2text
