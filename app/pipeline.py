@@ -137,17 +137,12 @@ class AnswerPipeline:
         """The stored default scaffold and the prompt builder for the generator (cached)."""
         with self._lock:
             if self._builder is None:
-                from app.prompt import (
-                    DEFAULT_SCAFFOLD_NAME,
-                    DEFAULT_SCAFFOLD_TEXT,
-                    PromptBuilder,
-                    ensure_scaffold,
-                )
+                from app.prompt import DEFAULT_SCAFFOLD_NAME, DEFAULT_SCAFFOLD_TEXT, ensure_scaffold
 
-                gen = self.services.generator
+                self.services.generator  # noqa: B018 - loaded first, as before: start-up errors surface here
                 self._scaffold = ensure_scaffold(self.services.engine, DEFAULT_SCAFFOLD_NAME,
                                                  DEFAULT_SCAFFOLD_TEXT)
-                self._builder = PromptBuilder.for_generator(gen)
+                self._builder = self.services.prompt_builder
             assert self._scaffold is not None
             return self._scaffold, self._builder
 
@@ -410,7 +405,8 @@ class AnswerPipeline:
                     "computed_tokens": summary.tokens.computed},
             generator={"backend": ident.get("backend"), "model_id": ident.get("model_id"),
                        "weights_hash": ident.get("weights_hash"), "dtype": ident.get("dtype"),
-                       "device": ident.get("device"), "params": params.to_dict()},
+                       "device": ident.get("device"), "params": params.to_dict(),
+                       "chat_template": ident.get("chat_template")},
             timings=summary.timings.model_dump(),
             output={"text": text, "text_hash": sha256_text(text),
                     "token_ids": out_ids, "token_ids_hash": sha256_ints(out_ids),

@@ -15,12 +15,33 @@ newline). Template control text is encoded with special tokens recognised;
 scaffold, document and question text with special tokens kept as plain text, so
 ``<|im_start|>system`` inside a document can never open a turn.
 
-The chat framing is derived from the model's own chat template: it is rendered
-once with placeholder contents and split at the placeholders.
+The chat framing is derived from the chat template in force
+(:func:`generation.chat_template.resolve_chat_template`: the model's own, a file
+the user gives, or the plain-completion layout; never a silent default): it is
+rendered once with placeholder contents and split at the placeholders. Every
+marker-like string in that framing (``<|im_start|>``, ``<start_of_turn>``, ``</s>``)
+must be one special token of the tokenizer, else the builder refuses
+(:class:`InvalidConfig`, code ``chat_template_mismatch``). The token that opens the
+framing after the user's text (``<|im_end|>``, ``<end_of_turn>``, ``<|eot_id|>``) is
+the template's end-of-turn token: it closes the assistant turn too, so generation
+stops there (:attr:`PromptBuilder.end_of_turn_ids`).
+
+Plain-completion layout (``RAGBUDGET_CHAT_TEMPLATE=plain``, for base models)::
+
+    [BOS if the tokenizer adds one]<scaffold text>
+
+    [1] (doc <id> v<version>)
+    <chunk text>
+    ...
+
+    Question: <question>
+
+    Answer:
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +54,7 @@ from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import EmptyContent, InvalidConfig, NotFound
 from foundation.hashing import normalize_text, sha256_ints, sha256_text
 from foundation.provenance import utc_now_iso
+from generation.chat_template import ChatTemplate, resolve_chat_template
 from retrieval.tokens import TextTokenizer
 
 DEFAULT_SCAFFOLD_NAME = "default"
@@ -42,12 +64,9 @@ DEFAULT_SCAFFOLD_TEXT = (
     "the source, for example [1] or [2][3]. If the sources do not contain the answer, say that "
     "you do not know. Keep the answer short and factual."
 )
-# Used when the model (or a remote tokenizer such as tiktoken) has no chat template.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
-    "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+PLAIN_ANSWER_CUE = "\n\nAnswer:"
+# Marker-like strings in a rendered template: <|name|> and <name> / </name> (no spaces).
+_MARKER = re.compile(r"<\|[^<>|\s]{1,64}\|>|</?[A-Za-z_][A-Za-z0-9_.:-]{0,63}>")
 _SYS_PH = "\u0000SYS\u0000"
 _USR_PH = "\u0000USR\u0000"
 
@@ -160,6 +179,20 @@ def derive_framing(source: str, special_tokens: dict[str, str] | None = None) ->
     return ChatFraming(head, "\n\n", tail, False)
 
 
+def _leading_bos_text(tokenizer: TextTokenizer) -> str:
+    """The BOS token's text when the tokenizer puts one in front of every text (Gemma, Llama), else ""."""
+    hf: Any = getattr(tokenizer, "hf", None)
+    bos = getattr(hf, "bos_token", None) if hf is not None else None
+    bos_id = getattr(hf, "bos_token_id", None) if hf is not None else None
+    if hf is None or not isinstance(bos, str) or bos_id is None:
+        return ""
+    try:
+        ids = hf("x")["input_ids"]
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot add specials adds no BOS
+        return ""
+    return bos if ids and ids[0] == bos_id else ""
+
+
 # --- prompts ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PromptChunk:
@@ -202,11 +235,18 @@ class PromptBuilder:
 
     Args:
         tokenizer: the generator's :class:`TextTokenizer`.
-        chat_template_source: Jinja source of the model's chat template; None: ChatML.
+        chat_template: the template in force; None: the tokenizer's own
+            (:func:`generation.chat_template.resolve_chat_template`).
+
+    Raises:
+        InvalidConfig: no template (code ``no_chat_template``); a template that does not
+            echo the message contents; a marker that is not one special token of the
+            tokenizer (code ``chat_template_mismatch``).
     """
 
-    def __init__(self, tokenizer: TextTokenizer, chat_template_source: str | None = None) -> None:
+    def __init__(self, tokenizer: TextTokenizer, chat_template: ChatTemplate | None = None) -> None:
         self.tokenizer = tokenizer
+        self.template = chat_template or resolve_chat_template(tokenizer, None)
         hf = getattr(tokenizer, "hf", None)
         specials = {}
         if hf is not None:
@@ -214,26 +254,61 @@ class PromptBuilder:
                 value = getattr(hf, attr, None)
                 if isinstance(value, str):
                     specials[attr] = value
-        self.framing = derive_framing(chat_template_source or CHATML_TEMPLATE, specials)
+        if self.template.source is None:
+            self.framing = ChatFraming(_leading_bos_text(tokenizer), "\n\n", PLAIN_ANSWER_CUE, True)
+        else:
+            self.framing = derive_framing(self.template.source, specials)
         nl = tokenizer.encode("\n")
         # SentencePiece adds a prefix space at the start of every encode; encode after a newline instead.
         self._nl_ids = nl if tokenizer.encode("\nx")[len(nl):] != tokenizer.encode("x") else []
         f = self.framing
         self._control_ids = {s: self._encode_control(s)
                              for s in (f.system_prefix, f.system_to_user, f.user_suffix)}
+        self._check_markers()
+        self.end_of_turn_ids = self._end_of_turn()
         self._scaffolds: dict[str, list[int]] = {}
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: TextTokenizer) -> PromptBuilder:
-        """Builder using the tokenizer's own chat template (HF ``chat_template``), else ChatML."""
-        hf = getattr(tokenizer, "hf", None)
-        source = getattr(hf, "chat_template", None) if hf is not None else None
-        return cls(tokenizer, source if isinstance(source, str) else None)
+    def for_tokenizer(cls, tokenizer: TextTokenizer, chat_template: str | None = None) -> PromptBuilder:
+        """Builder for ``tokenizer`` with the template the ``chat_template`` setting selects.
+
+        ``chat_template`` None: the tokenizer's own template (refused when it has none).
+        """
+        return cls(tokenizer, resolve_chat_template(tokenizer, chat_template))
 
     @classmethod
-    def for_generator(cls, generator: Any) -> PromptBuilder:
+    def for_generator(cls, generator: Any, chat_template: str | None = None) -> PromptBuilder:
         """:meth:`for_tokenizer` of ``generator.tokenizer``."""
-        return cls.for_tokenizer(generator.tokenizer)
+        return cls.for_tokenizer(generator.tokenizer, chat_template)
+
+    def _check_markers(self) -> None:
+        """Refuse framing markers that the tokenizer would read as plain text.
+
+        Raises:
+            InvalidConfig: code ``chat_template_mismatch``, naming the marker.
+        """
+        for text in self._control_ids:
+            for marker in sorted(set(_MARKER.findall(text))):
+                control = self._encode_control(marker)
+                if len(control) != 1 or self.tokenizer.encode(marker) == control:
+                    raise InvalidConfig(
+                        f"the chat template ({self.template.origin}: {self.template.name}) uses "
+                        f"{marker!r}, which is not a special token of this tokenizer: the model would "
+                        "read it as plain text. Use the model's own template or a template of its "
+                        "family (RAGBUDGET_CHAT_TEMPLATE)", code="chat_template_mismatch",
+                        marker=marker, template=self.template.name)
+
+    def _end_of_turn(self) -> list[int]:
+        """The special token that starts the framing after the user's text, if any (ends the answer)."""
+        ctrl = self._control_ids[self.framing.user_suffix]
+        plain = self.tokenizer.encode(self.framing.user_suffix)
+        if ctrl and (not plain or ctrl[0] != plain[0]):
+            return [ctrl[0]]
+        return []
+
+    def describe(self) -> dict[str, Any]:
+        """The template in force and the end-of-turn ids (receipts, CLI)."""
+        return {**self.template.describe(), "end_of_turn_ids": list(self.end_of_turn_ids)}
 
     # --- encoding ---------------------------------------------------------------------
     def _encode_control(self, text: str) -> list[int]:

@@ -48,7 +48,7 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
     Raises (from the hooks):
         NotFound: the recorded scaffold is not in the database.
     """
-    from app.prompt import PromptBuilder, PromptChunk, scaffold_by_hash
+    from app.prompt import PromptChunk, scaffold_by_hash
     from foundation.errors import BackendError, NotFound
     from foundation.hashing import sha256_ints
     from generation.base import GenParams
@@ -59,7 +59,7 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
         if row is None:
             raise NotFound(f"scaffold {sc['hash']} is not stored", code="unknown_scaffold")
         # The generator's tokenizer without loading the generator (a plain replay needs no model).
-        builder = PromptBuilder.for_tokenizer(services.tokenizer)
+        builder = services.prompt_builder
         chunks = [PromptChunk(document_id=_attr(h, "document_id"), version=_attr(h, "version"),
                               text=_attr(h, "text")) for h in hits]
         return builder.build(row.text, chunks, body["question"])

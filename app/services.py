@@ -22,6 +22,7 @@ from generation.base import Generator
 from retrieval.tokens import TextTokenizer
 
 if TYPE_CHECKING:  # numpy / FAISS load only when a retriever is built
+    from app.prompt import PromptBuilder
     from retrieval.embedding import Embedder
     from retrieval.retriever import RetrieverProtocol
 
@@ -70,6 +71,18 @@ class Services:
 
             return HFTextTokenizer(load_tokenizer(self.generator_dir), name=str(self.generator_dir))
 
+    @cached_property
+    def prompt_builder(self) -> PromptBuilder:
+        """The :class:`app.prompt.PromptBuilder` for the generator's tokenizer and chat template.
+
+        Raises:
+            InvalidConfig: no usable chat template (see :mod:`generation.chat_template`).
+        """
+        from app.prompt import PromptBuilder
+
+        with self._lock:
+            return PromptBuilder.for_tokenizer(self.tokenizer, self.settings.chat_template)
+
     # --- embedder, index, retriever -------------------------------------------------
     @cached_property
     def embedder(self) -> Embedder:
@@ -108,23 +121,34 @@ def build_generator(settings: Settings, services: Services) -> Generator:
 
     ``local``: the model in ``services.generator_dir`` (the packaged SmolLM2 unless
     ``generator_path`` is set), sharing ``services.tokenizer``. ``remote``: an
-    OpenAI-compatible server at ``remote_base_url`` serving ``remote_model``.
+    OpenAI-compatible server at ``remote_base_url`` serving ``remote_model``. Either way
+    the chat template is resolved first (a model that cannot be framed is refused before
+    any weights load), its end-of-turn token ends answers besides the model's EOS set,
+    and its identity is part of ``generator.identity["chat_template"]``.
 
     Raises:
-        InvalidConfig: remote backend without base URL or model, or an unloadable model.
+        InvalidConfig: remote backend without base URL or model, an unloadable model, or
+            no usable chat template.
     """
+    builder = services.prompt_builder
+    stop_ids = list(builder.end_of_turn_ids)
+    gen: Generator
     if settings.generator_backend == "remote":
         from generation.remote import RemoteGenerator
 
         if not settings.remote_base_url or not settings.remote_model:
             raise InvalidConfig("generator_backend=remote needs remote_base_url and remote_model")
-        return RemoteGenerator(settings.remote_base_url, settings.remote_model,
-                               tokenizer=services.tokenizer, api_key=settings.remote_api_key,
-                               tokenizer_source=settings.remote_tokenizer)
-    from generation.assets import PACKAGED_GENERATOR_ID
-    from generation.local import LocalGenerator
+        gen = RemoteGenerator(settings.remote_base_url, settings.remote_model,
+                              tokenizer=services.tokenizer, api_key=settings.remote_api_key,
+                              tokenizer_source=settings.remote_tokenizer,
+                              context_window=settings.remote_context_window, stop_token_ids=stop_ids)
+    else:
+        from generation.assets import PACKAGED_GENERATOR_ID
+        from generation.local import LocalGenerator
 
-    model_id = settings.generator_path or PACKAGED_GENERATOR_ID
-    return LocalGenerator(services.generator_dir, tokenizer=services.tokenizer, model_id=model_id,
-                          device=settings.generator_device, dtype=settings.generator_dtype,
-                          threads=settings.torch_threads)
+        model_id = settings.generator_path or PACKAGED_GENERATOR_ID
+        gen = LocalGenerator(services.generator_dir, tokenizer=services.tokenizer, model_id=model_id,
+                             device=settings.generator_device, dtype=settings.generator_dtype,
+                             threads=settings.torch_threads, stop_token_ids=stop_ids)
+    gen.identity["chat_template"] = builder.describe()
+    return gen

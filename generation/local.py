@@ -78,6 +78,9 @@ class LocalGenerator:
         device, dtype: see :func:`resolve_device_dtype`.
         threads: ``torch.set_num_threads`` (process-wide), recorded in ``identity``.
         prefix_cache_capacity: scaffolds kept in the prefix KV cache.
+        stop_token_ids: ids that end an answer besides the model's EOS set (the chat
+            template's end-of-turn token, e.g. Gemma's ``<end_of_turn>`` when the
+            model's generation config lists only ``<eos>``).
 
     Raises:
         InvalidConfig: bad device/dtype or a directory transformers cannot load.
@@ -85,7 +88,8 @@ class LocalGenerator:
 
     def __init__(self, model_dir: Path | str, *, tokenizer: TextTokenizer | None = None,
                  model_id: str | None = None, device: str = "auto", dtype: str = "auto",
-                 threads: int = 2, prefix_cache_capacity: int = 4) -> None:
+                 threads: int = 2, prefix_cache_capacity: int = 4,
+                 stop_token_ids: list[int] | None = None) -> None:
         import torch
         import transformers
         from transformers import AutoModelForCausalLM
@@ -108,7 +112,7 @@ class LocalGenerator:
         self.tokenizer: TextTokenizer = tokenizer or HFTextTokenizer(load_tokenizer(model_dir),
                                                                      name=str(model_dir))
         self.context_window = int(getattr(self.config, "max_position_embeddings", 2048))
-        self.eos_token_ids = self._eos_ids()
+        self.eos_token_ids = sorted(set(self._eos_ids()) | {int(i) for i in stop_token_ids or []})
         self.model_id = model_id or model_dir.name
         self.identity: dict[str, Any] = {
             "backend": "local",

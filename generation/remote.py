@@ -1,8 +1,11 @@
 """The remote backend: any OpenAI-compatible streaming server (vLLM, SGLang, ragbudget itself).
 
 Requests go to ``<base_url>/completions`` with the prompt as token ids when the
-server accepts that (vLLM and SGLang do), else to ``<base_url>/chat/completions``
-with chat messages. ``mode="auto"`` probes once with a one-token request.
+server accepts that (vLLM and SGLang do); else as text that the server tokenizes
+back to the same ids (llama-cpp-python's server, :mod:`generation.remote_text`,
+checked per prompt through its tokenize route); else to
+``<base_url>/chat/completions`` with chat messages. ``mode="auto"`` probes once, in
+that order, with one-token requests.
 
 Client-side timing follows vLLM's benchmark definitions
 (``benchmarks/backend_request_func.py``): TTFT is the arrival of the first chunk
@@ -36,6 +39,7 @@ import httpx
 from foundation.errors import BackendError, InvalidInput, RagBudgetError
 from foundation.hashing import sha256_ints
 from generation.base import GenerationStats, GenParams, TokenEvent
+from generation.remote_text import TextPromptCodec
 from retrieval.tokens import TextTokenizer
 
 DEFAULT_CONTEXT_WINDOW = 4096
@@ -75,15 +79,20 @@ class RemoteGenerator:
         api_key: sent as ``Authorization: Bearer``.
         tokenizer_source: the ``remote_tokenizer`` setting; a directory with a
             ``config.json`` also provides :meth:`config_dict`.
-        mode: ``"auto"`` (probe), ``"completions"`` (token ids) or ``"chat"``.
+        mode: ``"auto"`` (probe), ``"completions"`` (token ids), ``"text"`` (completions
+            with the prompt as text, see :mod:`generation.remote_text`) or ``"chat"``.
         context_window: default: the server's ``max_model_len`` from ``/models``, else 4096.
         timeout_s: read timeout per chunk.
+        stop_token_ids: the chat template's end-of-turn ids, sent as ``stop_token_ids``
+            (a vLLM/SGLang request field; servers that do not know it ignore it and stop at
+            their own end-of-generation set, as llama.cpp does for ``<end_of_turn>``).
     """
 
     def __init__(self, base_url: str, model: str, *, tokenizer: TextTokenizer, api_key: str | None = None,
                  tokenizer_source: str | None = None,
-                 mode: Literal["auto", "completions", "chat"] = "auto",
-                 context_window: int | None = None, timeout_s: float = 120.0) -> None:
+                 mode: Literal["auto", "completions", "text", "chat"] = "auto",
+                 context_window: int | None = None, timeout_s: float = 120.0,
+                 stop_token_ids: list[int] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.tokenizer = tokenizer
@@ -91,8 +100,9 @@ class RemoteGenerator:
         self.mode = mode
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self._text = TextPromptCodec(self._client, self.base_url, model, tokenizer)
         self.context_window = context_window or self._server_context_window() or DEFAULT_CONTEXT_WINDOW
-        self.eos_token_ids: list[int] = []
+        self.eos_token_ids: list[int] = sorted({int(i) for i in stop_token_ids or []})
         self.last_stats: GenerationStats | None = None
         self._sent_prefixes: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
@@ -130,7 +140,7 @@ class RemoteGenerator:
 
     def warm_prefix(self, prefix_ids: list[int]) -> float:
         """Send ``prefix_ids`` with ``max_tokens=1`` so the server caches it; ms spent (0 in chat mode)."""
-        if self._mode() != "completions":
+        if self._mode() == "chat":
             return 0.0
         t0 = time.perf_counter()
         self._timed_request(list(prefix_ids), max_tokens=1)
@@ -201,6 +211,8 @@ class RemoteGenerator:
             mode = self._mode()
             url, payload = self._payload(mode, prompt_ids, params, messages, max_tokens=params.max_new_tokens)
             payload["stream_options"] = {"include_usage": True}
+            if mode == "text":
+                self._text.verify(prompt_ids, payload["prompt"])
             done = False
             with self._client.stream("POST", url, json=payload) as resp:
                 if resp.status_code >= 400:
@@ -262,7 +274,7 @@ class RemoteGenerator:
         if not choices:
             return "", None
         choice = choices[0]
-        text = choice.get("text") if mode == "completions" else (choice.get("delta") or {}).get("content")
+        text = choice.get("text") if mode != "chat" else (choice.get("delta") or {}).get("content")
         return (text or ""), choice.get("finish_reason")
 
     # --- requests -----------------------------------------------------------------------------
@@ -273,8 +285,10 @@ class RemoteGenerator:
         if not params.greedy:
             body["top_p"] = params.top_p
             body["seed"] = params.seed
-        if mode == "completions":
-            body["prompt"] = prompt_ids
+        if self.eos_token_ids:
+            body["stop_token_ids"] = list(self.eos_token_ids)
+        if mode in ("completions", "text"):
+            body["prompt"] = prompt_ids if mode == "completions" else self._text.text_for(prompt_ids)
             return f"{self.base_url}/completions", body
         body["messages"] = messages or [{"role": "user", "content": self.tokenizer.decode(prompt_ids)}]
         return f"{self.base_url}/chat/completions", body
@@ -295,7 +309,7 @@ class RemoteGenerator:
                         break
                     obj = json.loads(data)
                     choice = (obj.get("choices") or [None])[0]
-                    if choice and ((choice.get("text") if mode == "completions"
+                    if choice and ((choice.get("text") if mode != "chat"
                                     else (choice.get("delta") or {}).get("content"))
                                    or choice.get("finish_reason")):
                         times.append(time.perf_counter())
@@ -306,7 +320,7 @@ class RemoteGenerator:
         return start, times
 
     def _mode(self) -> str:
-        """The request mode, probing once in ``auto``: token-id completions if accepted, else chat."""
+        """The request mode, probing once in ``auto``: token-id completions, text completions, chat."""
         with self._lock:
             if self.mode == "auto":
                 probe = {"model": self.model, "prompt": self.tokenizer.encode("Hello")[:1] or [0],
@@ -316,8 +330,10 @@ class RemoteGenerator:
                     ok = r.status_code == 200 and bool(r.json().get("choices"))
                 except (httpx.HTTPError, ValueError):
                     ok = False
-                self.mode = "completions" if ok else "chat"
+                self.mode = "completions" if ok else "text" if self._text.probe() else "chat"
                 self.identity["mode"] = self.mode
+            elif self.mode == "text" and not self._text.probed and not self._text.probe():
+                raise BackendError(f"{self.base_url} does not answer a text completion request")
             return self.mode
 
     def _server_context_window(self) -> int | None:

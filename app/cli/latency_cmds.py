@@ -45,7 +45,7 @@ def scaffold_sizes(services: Any) -> list[int]:
         from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder
         from foundation.db import read_session
 
-        builder = PromptBuilder.for_generator(services.generator)
+        builder = PromptBuilder.for_generator(services.generator, services.settings.chat_template)
         with read_session(services.engine) as session:
             texts = set(session.scalars(select(Scaffold.text)))
         texts.add(DEFAULT_SCAFFOLD_TEXT)

@@ -23,6 +23,9 @@ class CharTokenizer:
     """One token per Unicode code point (a lossless :class:`retrieval.tokens.TextTokenizer`)."""
 
     tokenizer_id = sha256_json({"name": "char-tokenizer", "version": 1})
+    # Its "model's own" template: role names as plain text (no markers, so nothing to refuse).
+    chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                     "{% if add_generation_prompt %}assistant: {% endif %}")
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]

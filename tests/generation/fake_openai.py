@@ -3,6 +3,9 @@
 Serves ``/v1/models``, ``/v1/completions`` (token-id prompts, unless disabled) and
 ``/v1/chat/completions`` as server-sent events, from a scripted list of text
 pieces. ``raw_stream`` replaces the body with fixed bytes (e.g. a truncated stream).
+``tokenize`` (a text -> ids function) makes it a text-only completions server like
+llama-cpp-python's: list prompts get 422, and ``POST /extras/tokenize`` answers
+with ``tokenize(text)``, with ``bos_id`` put in front when given.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from typing import Any
 
 class FakeOpenAI:
     def __init__(self, pieces: list[str], *, token_ids: bool = True, raw_stream: bytes | None = None,
-                 delay_s: float = 0.0, max_model_len: int = 2048, cached_tokens: int | None = None) -> None:
+                 delay_s: float = 0.0, max_model_len: int = 2048, cached_tokens: int | None = None,
+                 tokenize: Any = None, bos_id: int | None = None) -> None:
+        self.tokenize, self.bos_id = tokenize, bos_id
         self.pieces, self.token_ids, self.raw_stream = pieces, token_ids, raw_stream
         self.delay_s, self.max_model_len, self.cached_tokens = delay_s, max_model_len, cached_tokens
         self.requests: list[tuple[str, dict[str, Any]]] = []
@@ -39,7 +44,13 @@ class FakeOpenAI:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
                 fake.requests.append((self.path, body))
-                if self.path == "/v1/completions" and not fake.token_ids:
+                if self.path == "/extras/tokenize" and fake.tokenize is not None:
+                    ids = ([fake.bos_id] if fake.bos_id is not None else []) + fake.tokenize(body["input"])
+                    self._json(200, {"tokens": ids})
+                elif fake.tokenize is not None and self.path == "/v1/completions" \
+                        and not isinstance(body.get("prompt"), str):
+                    self._json(422, {"detail": "prompt must be a string"})
+                elif self.path == "/v1/completions" and not fake.token_ids and fake.tokenize is None:
                     self._json(404, {"error": {"message": "only chat is served"}})
                 elif self.path not in ("/v1/completions", "/v1/chat/completions"):
                     self._json(404, {"error": {"message": "not found"}})

@@ -133,12 +133,13 @@ def test_framing_without_a_system_role_puts_the_scaffold_in_the_user_turn() -> N
     assert framing.user_suffix == "<end_of_turn>\n<start_of_turn>model\n"
 
 
-def test_builder_works_with_tiktoken_and_default_chatml(tmp_path: Path) -> None:
+def test_builder_works_with_tiktoken_in_the_plain_layout(tmp_path: Path) -> None:
     from generation.remote_tokenizer import load_tiktoken
 
-    b = PromptBuilder.for_tokenizer(load_tiktoken("cl100k_base", tmp_path))
+    b = PromptBuilder.for_tokenizer(load_tiktoken("cl100k_base", tmp_path), "plain")
     prompt = b.build("Sys.", chunks_of("<|endoftext|> text"), "q")
     assert prompt.ids[:prompt.scaffold_len] == prompt.scaffold_ids and 100257 not in prompt.ids
+    assert prompt.text == "Sys.\n\n[1] (doc 10 v1)\n<|endoftext|> text\n\nQuestion: q\n\nAnswer:"
 
 
 def test_ensure_scaffold_is_idempotent_and_content_addressed(engine: Engine) -> None:

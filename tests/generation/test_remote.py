@@ -138,3 +138,32 @@ def test_tiktoken_keeps_special_token_text_plain(tmp_path: Path) -> None:
     ids = tok.encode("a <|endoftext|> b")
     assert tok.decode(ids) == "a <|endoftext|> b"
     assert 199999 not in ids and tok.encode_control("<|endoftext|>") == [199999]
+
+
+def test_text_only_server_gets_the_decoded_prompt_less_the_bos_it_adds(tiktok: Any) -> None:
+    bos = tiktok.encode("!")[0]
+    ids = [bos, *tiktok.encode("Scaffold.\n\nQuestion: why?")]
+    with FakeOpenAI(PIECES, tokenize=tiktok.encode, bos_id=bos) as server:
+        gen = make(server, tiktok)
+        gen._text.bos_id = bos
+        text = "".join(e.text for e in gen.stream(ids, cached_prefix_ids=None, params=GenParams()))
+    assert text == "The pump is inspected monthly." and gen.identity["mode"] == "text"
+    path, body = server.requests[-1]
+    assert path == "/v1/completions" and body["prompt"] == "Scaffold.\n\nQuestion: why?"
+    assert [p for p, _ in server.requests].count("/extras/tokenize") == 2  # probe + this prompt
+
+
+def test_text_only_server_that_reads_other_ids_is_refused_before_generating(tiktok: Any) -> None:
+    with FakeOpenAI(PIECES, tokenize=lambda text: tiktok.encode(text)[:-1]) as server:
+        gen = make(server, tiktok)
+        with pytest.raises(BackendError) as err:
+            list(gen.stream(tiktok.encode("one two three"), cached_prefix_ids=None, params=GenParams()))
+    assert err.value.code == "prompt_mismatch" and err.value.details["first_difference"] == 2
+    assert server.requests[-1][0] == "/extras/tokenize"
+
+
+def test_end_of_turn_ids_are_sent_as_stop_token_ids(tiktok: Any) -> None:
+    with FakeOpenAI(PIECES) as server:
+        gen = make(server, tiktok, stop_token_ids=[7, 3])
+        list(gen.stream([1, 2], cached_prefix_ids=None, params=GenParams()))
+    assert server.requests[-1][1]["stop_token_ids"] == [3, 7] and gen.eos_token_ids == [3, 7]

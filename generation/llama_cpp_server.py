@@ -1,0 +1,139 @@
+"""llama.cpp's OpenAI-compatible server (llama-cpp-python) as a child process, for tests and benchmarks.
+
+``scripts/install_llama_server.sh`` builds llama-cpp-python from source once and
+installs it into ``.venv-llama``; :class:`LlamaCppServer` starts
+``python -m llama_cpp.server`` from there on a free loopback port with a GGUF
+file, waits until ``/v1/models`` answers, and stops it on exit. ragbudget then
+talks to it as to any remote engine (``RAGBUDGET_GENERATOR_BACKEND=remote``,
+:mod:`generation.remote`; llama-cpp-python takes text prompts, so the ``text``
+mode of :mod:`generation.remote_text` is used).
+
+The engine's prompt cache: llama-cpp-python keeps the KV cache of the last
+evaluated sequence and reuses its longest common token prefix with the next
+prompt; with ``verbose`` on it reports each reuse on stderr as
+``Llama.generate: N prefix-match hit, remaining M prompt tokens to eval``
+(``llama_cpp/llama.py``, ``Llama.generate``). Its HTTP responses carry no cached
+token count, so :meth:`LlamaCppServer.prefix_hits` reads that report from the log.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from foundation.errors import BackendError, InvalidConfig
+
+DEFAULT_PYTHON = Path(__file__).resolve().parents[1] / ".venv-llama" / "bin" / "python"
+PREFIX_HIT = re.compile(r"Llama\.generate: (\d+) prefix-match hit, remaining (\d+) prompt tokens to eval")
+
+
+def llama_python() -> Path:
+    """The Python of the llama.cpp server venv (``RAGBUDGET_LLAMA_PYTHON``, else ``.venv-llama``).
+
+    Raises:
+        InvalidConfig: it does not exist (run ``bash scripts/install_llama_server.sh``).
+    """
+    path = Path(os.environ.get("RAGBUDGET_LLAMA_PYTHON") or DEFAULT_PYTHON)
+    if not path.is_file():
+        raise InvalidConfig(f"{path} does not exist; build the llama.cpp server with "
+                            "`bash scripts/install_llama_server.sh`")
+    return path
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LlamaCppServer:
+    """``python -m llama_cpp.server`` serving one GGUF on 127.0.0.1 (a context manager).
+
+    Args:
+        gguf: the model file.
+        log_path: where the server's stdout and stderr go (the prefix-match reports).
+        alias: the model name clients send (``RAGBUDGET_REMOTE_MODEL``).
+        n_ctx: context size in tokens (``RAGBUDGET_REMOTE_CONTEXT_WINDOW``).
+        threads: ``n_threads`` and ``n_threads_batch`` (decode and prefill).
+        python: the server venv's Python (default :func:`llama_python`).
+        start_timeout_s: how long to wait for ``/v1/models``.
+
+    Attributes:
+        base_url: ``http://127.0.0.1:<port>/v1`` once started.
+    """
+
+    def __init__(self, gguf: Path, log_path: Path, *, alias: str = "model", n_ctx: int = 8192,
+                 threads: int = 2, python: Path | None = None, start_timeout_s: float = 120.0) -> None:
+        self.gguf, self.log_path, self.alias, self.n_ctx = Path(gguf), Path(log_path), alias, n_ctx
+        self.threads, self.python, self.start_timeout_s = threads, python, start_timeout_s
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        """The server's command line."""
+        return [str(self.python or llama_python()), "-m", "llama_cpp.server",
+                "--model", str(self.gguf), "--model_alias", self.alias, "--host", "127.0.0.1",
+                "--port", str(self.port), "--n_ctx", str(self.n_ctx), "--n_threads", str(self.threads),
+                "--n_threads_batch", str(self.threads), "--seed", "0", "--verbose", "true"]
+
+    def start(self) -> LlamaCppServer:
+        """Start the server and wait until it answers.
+
+        Raises:
+            InvalidConfig: the server venv is missing.
+            BackendError: the server exited or did not answer in time (the log's tail is included).
+        """
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BackendError(f"llama.cpp server exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                if httpx.get(f"{self.base_url}/models", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise BackendError(f"llama.cpp server did not answer within {self.start_timeout_s:.0f} s: "
+                           f"{self.log_tail()}")
+
+    def stop(self) -> None:
+        """Terminate the server (kill after 10 s)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def log_text(self) -> str:
+        """Everything the server wrote so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
+
+    def log_tail(self, chars: int = 2000) -> str:
+        return self.log_text()[-chars:]
+
+    def prefix_hits(self) -> list[tuple[int, int]]:
+        """The engine's prompt-cache reports so far: ``[(reused tokens, evaluated tokens), ...]``."""
+        return [(int(a), int(b)) for a, b in PREFIX_HIT.findall(self.log_text())]
+
+    def __enter__(self) -> LlamaCppServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

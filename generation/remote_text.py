@@ -1,0 +1,117 @@
+"""Token-id prompts for servers whose ``/completions`` takes text only (llama-cpp-python's server).
+
+ragbudget lays every prompt out as token ids (``app.prompt``); its receipts hash
+those ids. A server that only takes a text prompt (llama-cpp-python's
+``llama_cpp.server``: ``prompt: str | list[str]``) tokenizes the text itself, with
+special-token strings recognised (``special=True``) and a BOS token added in front
+when the model's GGUF says so (``tokenizer.ggml.add_bos_token``). So the text sent is
+the decoded ids, less a leading BOS the server will add back, and, where the server
+offers ``POST /extras/tokenize`` (llama-cpp-python does: same ``special=True`` and
+BOS rule as its completions route), each prompt's server-side ids are checked
+against ragbudget's before it is sent. A difference is a :class:`BackendError`
+naming the first differing position: an answer is never generated from a prompt
+other than the one its receipt records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from foundation.errors import BackendError
+from retrieval.tokens import TextTokenizer
+
+PROBE_TEXT = "Hello"
+
+
+class TextPromptCodec:
+    """Turns prompt ids into the text a text-only completions server reads back as the same ids.
+
+    Args:
+        client: the generator's HTTP client.
+        base_url: API root including the version (``.../v1``).
+        model: model name sent with every request.
+        tokenizer: the served model's tokenizer.
+    """
+
+    def __init__(self, client: httpx.Client, base_url: str, model: str, tokenizer: TextTokenizer) -> None:
+        self.client, self.base_url, self.model, self.tokenizer = client, base_url, model, tokenizer
+        self.server_adds_bos = False
+        self.probed = False
+        self.tokenize_url: str | None = None
+        hf = getattr(tokenizer, "hf", None)
+        bos = getattr(hf, "bos_token_id", None) if hf is not None else None
+        self.bos_id: int | None = int(bos) if isinstance(bos, int) else None
+
+    def probe(self) -> bool:
+        """True when the server answers a one-token text completion; learns its BOS rule.
+
+        The BOS rule comes from ``/extras/tokenize`` when offered, else from the
+        ``usage.prompt_tokens`` of the probe (one more than ragbudget counts: a BOS was added).
+        """
+        body = {"model": self.model, "prompt": PROBE_TEXT, "max_tokens": 1, "stream": False,
+                "temperature": 0.0}
+        try:
+            r = self.client.post(f"{self.base_url}/completions", json=body)
+            obj = r.json() if r.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return False
+        if not isinstance(obj, dict) or not obj.get("choices"):
+            return False
+        self.probed = True
+        plain = self.tokenizer.encode(PROBE_TEXT)
+        served = self._server_ids(PROBE_TEXT)
+        if served is not None:
+            self.tokenize_url = self._tokenize_url()
+        else:
+            usage = obj.get("usage") or {}
+            count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+            served = [-1] * int(count) if isinstance(count, int) else list(plain)
+        self.server_adds_bos = len(served) == len(plain) + 1
+        return True
+
+    def text_for(self, prompt_ids: list[int]) -> str:
+        """The prompt text: decoded ids, special tokens as their strings, less a BOS the server adds."""
+        ids = prompt_ids
+        if self.server_adds_bos and self.bos_id is not None and ids[:1] == [self.bos_id]:
+            ids = ids[1:]
+        return self.tokenizer.decode(ids)
+
+    def verify(self, prompt_ids: list[int], text: str) -> None:
+        """Check that the server reads ``text`` as exactly ``prompt_ids`` (when it can be asked).
+
+        Raises:
+            BackendError: the server's ids differ (code ``prompt_mismatch``), with the first
+                differing position and both lengths.
+        """
+        if self.tokenize_url is None:
+            return
+        served = self._server_ids(text)
+        if served is None:
+            raise BackendError("the server's /extras/tokenize stopped answering", code="prompt_mismatch")
+        expected = list(prompt_ids)
+        if served != expected:
+            first = next((i for i, (a, b) in enumerate(zip(served, expected, strict=False)) if a != b),
+                         min(len(served), len(expected)))
+            raise BackendError(
+                f"the server tokenizes the prompt text into {len(served)} tokens, ragbudget's tokenizer "
+                f"laid out {len(expected)}; first difference at token {first}. The remote tokenizer "
+                "(RAGBUDGET_REMOTE_TOKENIZER) is not the served model's", code="prompt_mismatch",
+                first_difference=first, server_tokens=len(served), prompt_tokens=len(expected))
+
+    def _tokenize_url(self) -> str:
+        root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+        return f"{root}/extras/tokenize"
+
+    def _server_ids(self, text: str) -> list[int] | None:
+        """The server's ids for ``text`` from ``/extras/tokenize``, or None when it has no such route."""
+        try:
+            r = self.client.post(self._tokenize_url(), json={"input": text, "model": self.model})
+            obj: Any = r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        tokens = obj.get("tokens") if isinstance(obj, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            return None
+        return [int(t) for t in tokens]
