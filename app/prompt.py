@@ -41,14 +41,13 @@ Plain-completion layout (``RAGBUDGET_CHAT_TEMPLATE=plain``, for base models)::
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 
+from app.framing import derive_framing, find_markers, plain_framing
 from app.models import Scaffold
 from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import EmptyContent, InvalidConfig, NotFound
@@ -64,11 +63,6 @@ DEFAULT_SCAFFOLD_TEXT = (
     "the source, for example [1] or [2][3]. If the sources do not contain the answer, say that "
     "you do not know. Keep the answer short and factual."
 )
-PLAIN_ANSWER_CUE = "\n\nAnswer:"
-# Marker-like strings in a rendered template: <|name|> and <name> / </name> (no spaces).
-_MARKER = re.compile(r"<\|[^<>|\s]{1,64}\|>|</?[A-Za-z_][A-Za-z0-9_.:-]{0,63}>")
-_SYS_PH = "\u0000SYS\u0000"
-_USR_PH = "\u0000USR\u0000"
 
 
 # --- scaffolds in the database ---------------------------------------------------------
@@ -121,76 +115,6 @@ def get_scaffold(engine: Engine, scaffold_id: int) -> Scaffold:
     if row is None:
         raise NotFound(f"no scaffold with id {scaffold_id}", scaffold_id=scaffold_id)
     return row
-
-
-# --- chat framing -------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ChatFraming:
-    """Template text around the system and user contents.
-
-    ``system_supported`` False (templates that reject a system turn): the scaffold
-    text opens the user turn instead, followed by a blank line.
-    """
-
-    system_prefix: str
-    system_to_user: str
-    user_suffix: str
-    system_supported: bool = True
-
-
-def render_chat_template(source: str, messages: list[dict[str, str]], **context: Any) -> str:
-    """Render a Jinja chat template as transformers does (sandboxed, trim/lstrip blocks)."""
-    from jinja2.exceptions import TemplateError
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise TemplateError(message)
-
-    def strftime_now(fmt: str) -> str:  # pragma: no cover - only templates that print dates
-        return datetime.now(UTC).strftime(fmt)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
-    return str(env.from_string(source).render(messages=messages, add_generation_prompt=True, **context))
-
-
-def derive_framing(source: str, special_tokens: dict[str, str] | None = None) -> ChatFraming:
-    """Split a chat template into the text before/between/after the system and user contents.
-
-    Raises:
-        InvalidConfig: the template does not echo the message contents verbatim.
-    """
-    ctx = dict(special_tokens or {})
-    try:
-        text = render_chat_template(source, [{"role": "system", "content": _SYS_PH},
-                                             {"role": "user", "content": _USR_PH}], **ctx)
-        once = text.count(_SYS_PH) == 1 and text.count(_USR_PH) == 1
-        if once and text.index(_SYS_PH) < text.index(_USR_PH):
-            head, rest = text.split(_SYS_PH)
-            mid, tail = rest.split(_USR_PH)
-            return ChatFraming(head, mid, tail, True)
-    except Exception:  # noqa: BLE001 - templates may refuse a system turn; try without
-        pass
-    text = render_chat_template(source, [{"role": "user", "content": _USR_PH}], **ctx)
-    if text.count(_USR_PH) != 1:
-        raise InvalidConfig("the chat template does not contain the message content verbatim")
-    head, tail = text.split(_USR_PH)
-    return ChatFraming(head, "\n\n", tail, False)
-
-
-def _leading_bos_text(tokenizer: TextTokenizer) -> str:
-    """The BOS token's text when the tokenizer puts one in front of every text (Gemma, Llama), else ""."""
-    hf: Any = getattr(tokenizer, "hf", None)
-    bos = getattr(hf, "bos_token", None) if hf is not None else None
-    bos_id = getattr(hf, "bos_token_id", None) if hf is not None else None
-    if hf is None or not isinstance(bos, str) or bos_id is None:
-        return ""
-    try:
-        ids = hf("x")["input_ids"]
-    except Exception:  # noqa: BLE001 - a tokenizer that cannot add specials adds no BOS
-        return ""
-    return bos if ids and ids[0] == bos_id else ""
 
 
 # --- prompts ----------------------------------------------------------------------------------
@@ -255,7 +179,7 @@ class PromptBuilder:
                 if isinstance(value, str):
                     specials[attr] = value
         if self.template.source is None:
-            self.framing = ChatFraming(_leading_bos_text(tokenizer), "\n\n", PLAIN_ANSWER_CUE, True)
+            self.framing = plain_framing(tokenizer)
         else:
             self.framing = derive_framing(self.template.source, specials)
         nl = tokenizer.encode("\n")
@@ -288,7 +212,7 @@ class PromptBuilder:
             InvalidConfig: code ``chat_template_mismatch``, naming the marker.
         """
         for text in self._control_ids:
-            for marker in sorted(set(_MARKER.findall(text))):
+            for marker in find_markers(text):
                 control = self._encode_control(marker)
                 if len(control) != 1 or self.tokenizer.encode(marker) == control:
                     raise InvalidConfig(
