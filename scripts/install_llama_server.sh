@@ -24,8 +24,10 @@ key=$(printf '%s\n' "$VERSION" "$(uname -m)" "$(cc --version 2>/dev/null | head 
       | sha256sum | cut -c1-16)
 wheel_dir="$CACHE/llama-cpp-python-$VERSION-$key"
 
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.llama-cpp-python.lock"
+flock 9    # one build at a time per machine; a second waits, then finds the wheel
 if ! ls "$wheel_dir"/llama_cpp_python-"$VERSION"-*.whl >/dev/null 2>&1; then
-  mkdir -p "$CACHE"
   tmp=$(mktemp -d "$CACHE/.build-XXXXXX")
   trap 'rm -rf "$tmp"' EXIT
   echo "building llama-cpp-python $VERSION from source (compiles llama.cpp; several minutes)" >&2
@@ -38,6 +40,7 @@ if ! ls "$wheel_dir"/llama_cpp_python-"$VERSION"-*.whl >/dev/null 2>&1; then
   mv "$tmp" "$wheel_dir"
   trap - EXIT
 fi
+flock -u 9
 
 venv=.venv-llama
 stamp="$venv/.installed"
