@@ -125,3 +125,19 @@ def test_gemma_plain_layout_starts_with_its_bos(gemma_tokenizer: Any) -> None:
     prompt = b.build(DEFAULT_SCAFFOLD_TEXT, CHUNKS, "When?")
     assert prompt.ids[0] == gemma_tokenizer.hf.bos_token_id and prompt.ids.count(prompt.ids[0]) == 1
     assert b.end_of_turn_ids == []
+
+
+@pytest.mark.slow
+def test_a_chat_models_gguf_path_is_converted_once_and_keeps_its_own_template(tmp_path: Path) -> None:
+    from generation.assets import generator_dir, load_tokenizer, packaged_gguf_path
+    from retrieval.tokens import HFTextTokenizer
+
+    first = generator_dir(tmp_path, str(packaged_gguf_path()))
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    again = generator_dir(tmp_path, str(packaged_gguf_path()))
+    assert again == first and (first / "model.safetensors").stat().st_mtime_ns == stamp
+    assert (first / "SOURCE").read_text().splitlines()[0] == packaged_gguf_path().name
+    tok = HFTextTokenizer(load_tokenizer(first), name=str(first))
+    b = PromptBuilder.for_tokenizer(tok)
+    assert b.template.origin == "model" and "<|im_start|>" in (b.template.source or "")
+    assert [p.name for p in (tmp_path / "models").iterdir()] == [first.name]
