@@ -3,8 +3,11 @@
 * :mod:`generation.base`: parameters, streamed token events, per-answer statistics, the protocol.
 * :mod:`generation.local`: a transformers causal LM with a scaffold prefix KV cache.
 * :mod:`generation.prefix_cache`: the prefix KV cache itself.
-* :mod:`generation.remote`, :mod:`generation.remote_tokenizer`: an OpenAI-compatible server.
-* :mod:`generation.assets`: the generator's model files (packaged model, conversion, weights hash).
+* :mod:`generation.remote`, :mod:`generation.remote_tokenizer`: an OpenAI-compatible server;
+  :mod:`generation.remote_text`: token-id prompts for text-only servers (llama-cpp-python).
+* :mod:`generation.assets`: the generator's model files (packaged models, GGUF conversion, weights hash).
+* :mod:`generation.chat_template`: which chat template frames the prompt (never a silent default).
+* :mod:`generation.llama_cpp_server`: llama.cpp's server as a child process (tests, benchmarks).
 
 This room imports ``foundation`` and ``retrieval.tokens`` (the tokenizer
 protocol) only; choosing and configuring a backend is the app's wiring
