@@ -35,8 +35,8 @@ DATA="$OUT/data"
 PY=${RAGBUDGET_GPU_PYTHON:-$REPO/.venv-gpu/bin/python}
 VLLM_PY=$REPO/.venv-vllm/bin/python
 DEB=$(ls "$REPO"/../shared/corpora/postgresql-doc-15_15.18-*.deb 2>/dev/null | head -1 || true)
-# GPU_CHECK_DEVICE=cpu rehearses the steps' plumbing on a machine without a GPU (fp32; the env,
-# device and vllm steps then fail, as they must there).
+# GPU_CHECK_DEVICE=cpu rehearses the steps' plumbing on a machine without a GPU (fp32; the env
+# and device steps then fail, as they must there, and the vllm step is skipped).
 DEVICE=${GPU_CHECK_DEVICE:-cuda}
 DTYPE=bfloat16
 [ "$DEVICE" = cpu ] && DTYPE=float32
@@ -138,6 +138,7 @@ RAGBUDGET_REQUIRE_POSTGRES=0 $PY -m pytest -q -x -k 'batch_invariance or batch_i
 
 step vllm 300 "
 set -e
+if [ $DEVICE = cpu ]; then echo 'SKIP: CPU rehearsal (vLLM is the GPU engine; nothing installed)'; exit 0; fi
 [ -x $VLLM_PY ] || python3 -m venv .venv-vllm
 $VLLM_PY -m pip install -q vllm
 model=\$(ls -d $DATA/models/smollm2-135m-instruct-fp32)
