@@ -307,8 +307,9 @@ def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_
         source="fitted", created_at=utc_now_iso(), device=device,
         device_name=str(identity.get("device_name", device)),
         model_id=str(identity.get("model_id", "unknown")),
-        weights_hash=str(identity.get("weights_hash", "")),
-        dtype=str(identity.get("dtype", "")).replace("torch.", ""),
+        # a remote engine reports no weights hash or dtype (None): "" as the profile key has it
+        weights_hash=str(identity.get("weights_hash") or ""),
+        dtype=str(identity.get("dtype") or "").replace("torch.", ""),
         threads=identity.get("threads") if device.startswith("cpu") else None,
         backend=str(identity.get("backend", "local")),
         context_window=identity.get("context_window"),

@@ -89,7 +89,8 @@ def run_cli(env: dict[str, str], *argv: str, ok: bool = True) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, "-m", "app.cli.main", *argv, "--json"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     if ok and proc.returncode != 0:
-        raise AssertionError(f"ragbudget {' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+        raise AssertionError(f"ragbudget {' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n"
+                             f"{proc.stderr[-3000:]}")
     out = proc.stdout.strip()
     return json.loads(out) if out.startswith(("{", "[")) else {"returncode": proc.returncode,
                                                                 "stderr": proc.stderr}

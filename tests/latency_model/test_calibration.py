@@ -177,3 +177,14 @@ def test_duration_estimate_adds_up_the_predicted_calls(fitted_profile: Profile) 
                        for kind, n, c, _ in schedule(quick, 0) if kind == "prefill") / 1e3
     assert est_quick > prefill_only > 0
     assert estimate_seconds(full, fitted_profile) > est_quick
+
+
+def test_a_remote_engines_profile_is_found_under_the_key_of_its_identity() -> None:
+    from app.profile_store import key_of
+    from latency_model.calibration import calibrate, quick_grid
+    from tests.latency_model.conftest import IDENTITY, FakeTimer
+
+    remote = {**IDENTITY, "backend": "remote", "device": "remote", "device_name": "remote: http://x/v1",
+              "weights_hash": None, "dtype": None, "threads": None}
+    profile = calibrate(FakeTimer(identity=remote), grid=quick_grid(4096, [100]), seed=1, progress=False)
+    assert profile.key == key_of(remote) == ("remote: http://x/v1", IDENTITY["model_id"], "", "", None)
