@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.answer_types import (
     Advice,
@@ -367,7 +367,8 @@ class AnswerPipeline:
             receipt_id=None,
         )
         try:
-            summary.receipt_id = self._write_receipt(p, params, summary, out_ids)
+            engine_prompt = state.stats.engine_prompt if state.stats is not None else None
+            summary.receipt_id = self._write_receipt(p, params, summary, out_ids, engine_prompt)
         except Exception as exc:
             log.exception("receipt write failed")
             summary.receipt_error = str(exc)
@@ -375,8 +376,12 @@ class AnswerPipeline:
         return summary
 
     def _write_receipt(self, p: Prepared, params: GenParams, summary: Answer,
-                       out_ids: list[int]) -> str:
-        """Append this answer's receipt to the chain; return its id."""
+                       out_ids: list[int], engine_prompt: dict[str, Any] | None = None) -> str:
+        """Append this answer's receipt to the chain; return its id.
+
+        ``engine_prompt``: a remote engine's own split of the prompt when it differs from
+        ragbudget's ids (:mod:`generation.remote_text`), recorded under ``extra``.
+        """
         from receipts.chain import append_receipt
         from receipts.schema import build_receipt_body
 
@@ -414,6 +419,7 @@ class AnswerPipeline:
             status=summary.status,
             error=summary.error.model_dump() if summary.error is not None else None,
             software=software_versions(),
+            **({"extra": {"engine_prompt": engine_prompt}} if engine_prompt else {}),
         )
         return str(append_receipt(self.services.engine, body).id)
 

@@ -88,7 +88,10 @@ class GenerationStats:
     token. ``prefill_ms`` covers the cache copy, the prefill forward and the
     selection of the first token (local), or the time to the first chunk with
     non-empty text (remote, network included). ``usage`` is the remote server's
-    own usage report, when it sends one.
+    own usage report, when it sends one. ``engine_prompt`` (remote, text prompts only)
+    is the engine's own split of the prompt when it differs from ``prompt_ids``
+    (``prompt_tokens``, ``token_ids_hash``, ``first_difference``; see
+    :mod:`generation.remote_text`).
     """
 
     prompt_tokens: int
@@ -104,6 +107,7 @@ class GenerationStats:
     params: GenParams | None = None
     error: str | None = None
     usage: dict[str, Any] | None = None
+    engine_prompt: dict[str, Any] | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -129,6 +133,7 @@ class GenerationStats:
             "tpot_ms": self.tpot_ms,
             "params": self.params.to_dict() if self.params else None,
             "error": self.error,
+            "engine_prompt": self.engine_prompt,
         }
 
 

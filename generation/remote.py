@@ -212,7 +212,8 @@ class RemoteGenerator:
             url, payload = self._payload(mode, prompt_ids, params, messages, max_tokens=params.max_new_tokens)
             payload["stream_options"] = {"include_usage": True}
             if mode == "text":
-                self._text.verify(prompt_ids, payload["prompt"])
+                engine_prompt = self._text.verify(prompt_ids, payload["prompt"])
+                stats.engine_prompt = engine_prompt.to_dict() if engine_prompt else None
             done = False
             with self._client.stream("POST", url, json=payload) as resp:
                 if resp.status_code >= 400:

@@ -8,21 +8,62 @@ when the model's GGUF says so (``tokenizer.ggml.add_bos_token``). So the text se
 the decoded ids, less a leading BOS the server will add back, and, where the server
 offers ``POST /extras/tokenize`` (llama-cpp-python does: same ``special=True`` and
 BOS rule as its completions route), each prompt's server-side ids are checked
-against ragbudget's before it is sent. A difference is a :class:`BackendError`
-naming the first differing position: an answer is never generated from a prompt
-other than the one its receipt records.
+against ragbudget's before it is sent:
+
+* the same ids: nothing to record;
+* the same text split differently, with the same special tokens (the engine
+  tokenizes the whole text at once and merges whitespace across the segment
+  boundaries that ragbudget encodes one by one, e.g. a chunk ending in ``\n``
+  before ``\n\n[2]``): the answer goes ahead and the engine's own ids are
+  reported (:class:`EnginePrompt`, recorded in the receipt under
+  ``extra.engine_prompt``): count, hash and the first differing position;
+* a different set of special tokens (document text the engine would read as
+  control tokens, such as ``<|im_start|>`` inside a chunk, or a lost BOS): a
+  :class:`BackendError` (code ``prompt_mismatch``); such a prompt is never sent.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
 
 from foundation.errors import BackendError
+from foundation.hashing import sha256_ints
 from retrieval.tokens import TextTokenizer
 
 PROBE_TEXT = "Hello"
+
+
+@dataclass(frozen=True)
+class EnginePrompt:
+    """The engine's own ids for a prompt whose text it split differently from ragbudget.
+
+    Attributes:
+        prompt_tokens: how many ids the engine computed.
+        token_ids_hash: ``sha256:`` of those ids (:func:`foundation.hashing.sha256_ints`).
+        first_difference: first position where they differ from ragbudget's ids.
+    """
+
+    prompt_tokens: int
+    token_ids_hash: str
+    first_difference: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def special_ids(tokenizer: TextTokenizer) -> frozenset[int]:
+    """Ids of the tokenizer's special and added tokens (HF), or of tiktoken's special tokens."""
+    hf = getattr(tokenizer, "hf", None)
+    if hf is not None:
+        return frozenset(int(i) for i in [*hf.all_special_ids, *getattr(hf, "added_tokens_decoder", {})])
+    encoding = getattr(tokenizer, "encoding", None)
+    if encoding is not None:
+        return frozenset(int(encoding.encode_single_token(t)) for t in encoding.special_tokens_set)
+    return frozenset()
 
 
 class TextPromptCodec:
@@ -43,6 +84,7 @@ class TextPromptCodec:
         hf = getattr(tokenizer, "hf", None)
         bos = getattr(hf, "bos_token_id", None) if hf is not None else None
         self.bos_id: int | None = int(bos) if isinstance(bos, int) else None
+        self._special = special_ids(tokenizer)
 
     def probe(self) -> bool:
         """True when the server answers a one-token text completion; learns its BOS rule.
@@ -78,27 +120,38 @@ class TextPromptCodec:
             ids = ids[1:]
         return self.tokenizer.decode(ids)
 
-    def verify(self, prompt_ids: list[int], text: str) -> None:
-        """Check that the server reads ``text`` as exactly ``prompt_ids`` (when it can be asked).
+    def verify(self, prompt_ids: list[int], text: str) -> EnginePrompt | None:
+        """Compare the server's ids for ``text`` with ``prompt_ids`` (when the server can be asked).
+
+        Returns:
+            None when they are equal (or the server has no tokenize route); an
+            :class:`EnginePrompt` when only the split of plain text differs.
 
         Raises:
-            BackendError: the server's ids differ (code ``prompt_mismatch``), with the first
-                differing position and both lengths.
+            BackendError: code ``prompt_mismatch`` when the special tokens differ (count and
+                ids), with the first differing position and both lengths.
         """
         if self.tokenize_url is None:
-            return
+            return None
         served = self._server_ids(text)
         if served is None:
             raise BackendError("the server's /extras/tokenize stopped answering", code="prompt_mismatch")
         expected = list(prompt_ids)
-        if served != expected:
-            first = next((i for i, (a, b) in enumerate(zip(served, expected, strict=False)) if a != b),
-                         min(len(served), len(expected)))
+        if served == expected:
+            return None
+        first = next((i for i, (a, b) in enumerate(zip(served, expected, strict=False)) if a != b),
+                     min(len(served), len(expected)))
+        specials_served = Counter(i for i in served if i in self._special)
+        specials_ours = Counter(i for i in expected if i in self._special)
+        if specials_served != specials_ours:
             raise BackendError(
-                f"the server tokenizes the prompt text into {len(served)} tokens, ragbudget's tokenizer "
-                f"laid out {len(expected)}; first difference at token {first}. The remote tokenizer "
-                "(RAGBUDGET_REMOTE_TOKENIZER) is not the served model's", code="prompt_mismatch",
-                first_difference=first, server_tokens=len(served), prompt_tokens=len(expected))
+                f"the server reads the prompt text with other special tokens than ragbudget laid out "
+                f"({sum(specials_served.values())} vs {sum(specials_ours.values())}; first difference at "
+                f"token {first} of {len(expected)}): document text would be read as control tokens, or "
+                "the remote tokenizer (RAGBUDGET_REMOTE_TOKENIZER) is not the served model's",
+                code="prompt_mismatch", first_difference=first, server_tokens=len(served),
+                prompt_tokens=len(expected))
+        return EnginePrompt(len(served), sha256_ints(served), first)
 
     def _tokenize_url(self) -> str:
         root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from foundation.errors import BackendError
+from foundation.hashing import sha256_ints
 from generation.base import GenParams
 from generation.remote import RemoteGenerator, iter_sse_data
 from generation.remote_tokenizer import load_tiktoken
@@ -153,12 +154,27 @@ def test_text_only_server_gets_the_decoded_prompt_less_the_bos_it_adds(tiktok: A
     assert [p for p, _ in server.requests].count("/extras/tokenize") == 2  # probe + this prompt
 
 
-def test_text_only_server_that_reads_other_ids_is_refused_before_generating(tiktok: Any) -> None:
-    with FakeOpenAI(PIECES, tokenize=lambda text: tiktok.encode(text)[:-1]) as server:
+def test_text_only_server_that_splits_plain_text_differently_answers_and_reports_its_ids(
+        tiktok: Any) -> None:
+    ids = tiktok.encode("one\n") + tiktok.encode("\n\ntwo")  # segment-wise, as the prompt builder does
+    whole = tiktok.encode("one\n\n\ntwo")
+    assert ids != whole
+    with FakeOpenAI(PIECES, tokenize=tiktok.encode) as server:
+        gen = make(server, tiktok)
+        text = "".join(e.text for e in gen.stream(ids, cached_prefix_ids=None, params=GenParams()))
+    assert text == "The pump is inspected monthly."
+    first = next(i for i, (a, b) in enumerate(zip(ids, whole, strict=False)) if a != b)
+    assert gen.last_stats.engine_prompt == {"prompt_tokens": len(whole), "token_ids_hash": sha256_ints(whole),
+                                            "first_difference": first}
+
+
+def test_text_only_server_that_reads_document_text_as_control_tokens_is_refused(tiktok: Any) -> None:
+    ids = tiktok.encode("a document says <|endoftext|> here")  # plain text in ragbudget's ids
+    with FakeOpenAI(PIECES, tokenize=tiktok.encode_control) as server:
         gen = make(server, tiktok)
         with pytest.raises(BackendError) as err:
-            list(gen.stream(tiktok.encode("one two three"), cached_prefix_ids=None, params=GenParams()))
-    assert err.value.code == "prompt_mismatch" and err.value.details["first_difference"] == 2
+            list(gen.stream(ids, cached_prefix_ids=None, params=GenParams()))
+    assert err.value.code == "prompt_mismatch" and err.value.details["first_difference"] == 3
     assert server.requests[-1][0] == "/extras/tokenize"
 
 
