@@ -219,7 +219,10 @@ def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, prog
     during which other processes used the CPU (:func:`contended`) is kept with
     role ``contended:<role>`` (never fitted or scored) and measured again, up
     to ``contention_retries`` times per call and a quarter of the schedule in
-    all; what is measured last is kept with its role either way.
+    all; what is measured last is kept with its role either way. For a remote engine
+    (``identity["device"] == "remote"``) nothing is judged contended: the engine may run
+    on this machine in another process, whose CPU time would count as "other", so
+    every call would look contended; the profile says so in a note instead.
 
     Args:
         timer: the generator (see :class:`PrefillTimer`).
@@ -241,6 +244,9 @@ def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, prog
     from latency_model.probe import cpu_snapshot, other_cpu_fraction, other_cpu_seconds
 
     identity = dict(timer.identity)
+    remote = str(identity.get("device") or "") == "remote"
+    if remote:
+        contention_retries = 0
     plan = schedule(grid, seed)
     cores = os.cpu_count() or 1
     retry_budget = len(plan) // 4
@@ -274,7 +280,7 @@ def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, prog
             bar.update(1)
     finally:
         bar.close()
-    contention = other_cpu_fraction(cpu_start, cpu_snapshot())
+    contention = None if remote else other_cpu_fraction(cpu_start, cpu_snapshot())
     return fit_profile(identity, prefill_rows, decode_rows, grid=grid, seed=seed, started_at=started,
                        prefill_model=prefill_model, other_cpu_fraction=contention)
 
@@ -329,7 +335,10 @@ def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_
         software=software_versions(), notes=[grid.note] + (
             [f"other processes used {other_cpu_fraction:.0%} of the CPU during calibration; "
              f"timings may be inflated, re-run on a quiet machine"]
-            if other_cpu_fraction is not None and other_cpu_fraction > CONTENTION_WARNING else []),
+            if other_cpu_fraction is not None and other_cpu_fraction > CONTENTION_WARNING else []) + (
+            ["remote engine: timed from the client side, network included; other processes' CPU use "
+             "is not judged (the engine's own process may run on this machine)"]
+            if str(identity.get("device") or "") == "remote" else []),
     )
     held_out: dict[str, Any] = {
         "loo_length_mape": finite_or_none(chosen.loo_length_mape),

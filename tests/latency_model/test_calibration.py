@@ -188,3 +188,15 @@ def test_a_remote_engines_profile_is_found_under_the_key_of_its_identity() -> No
               "weights_hash": None, "dtype": None, "threads": None}
     profile = calibrate(FakeTimer(identity=remote), grid=quick_grid(4096, [100]), seed=1, progress=False)
     assert profile.key == key_of(remote) == ("remote: http://x/v1", IDENTITY["model_id"], "", "", None)
+
+
+def test_a_remote_engine_is_never_judged_contended_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    import latency_model.calibration as cal
+    from latency_model.calibration import calibrate, quick_grid
+    from tests.latency_model.conftest import IDENTITY, FakeTimer
+
+    monkeypatch.setattr(cal, "contended", lambda *a: True)  # every call would look contended
+    remote = {**IDENTITY, "device": "remote", "device_name": "remote: http://x/v1", "threads": None}
+    profile = calibrate(FakeTimer(identity=remote), grid=quick_grid(4096, [100]), seed=1, progress=False)
+    assert profile.calibration["contended_samples"] == 0
+    assert any(n.startswith("remote engine:") for n in profile.notes)
