@@ -47,6 +47,20 @@ def llama_python() -> Path:
     return path
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to send SIGTERM when the parent dies (``PR_SET_PDEATHSIG``).
+
+    So a server whose test run or benchmark was killed does not linger, holding a core.
+    """
+    import contextlib
+    import ctypes
+    import signal
+
+    # not Linux/glibc (OSError): the server is still stopped by stop() / __exit__
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     """An unused TCP port on 127.0.0.1."""
     with socket.socket() as s:
@@ -95,7 +109,8 @@ class LlamaCppServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                     preexec_fn=_die_with_parent)
         log.close()
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
