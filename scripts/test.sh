@@ -33,10 +33,6 @@ if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then
   # The browser is there: a browser test that cannot start it is a failure, not a skip.
   export RAGBUDGET_REQUIRE_BROWSER=${RAGBUDGET_REQUIRE_BROWSER:-1}
 fi
-# llama.cpp's server for the engine tests (pytest -m engine): built from source once per
-# machine (about 4 min of 2 cores, cached under ~/.cache/ragbudget/wheels), then reused.
-bash scripts/install_llama_server.sh >/dev/null
-export RAGBUDGET_REQUIRE_ENGINE=${RAGBUDGET_REQUIRE_ENGINE:-1}
 ruff check .
 mypy
 python -m pytest "$@"
