@@ -162,7 +162,7 @@ def test_a_failed_receipt_without_plan_or_output_still_renders(world, operator):
 
     from receipts.chain import append_receipt
     from receipts.schema import build_receipt_body
-    from tests.receipts.bodies import sections
+    from receipts.synthetic import sections
 
     s = copy.deepcopy(sections(status="failed"))
     for name in ("plan", "prompt", "generator", "timings", "output", "scaffold", "embedder", "retrieval"):
