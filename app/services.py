@@ -86,14 +86,24 @@ class Services:
     # --- embedder, index, retriever -------------------------------------------------
     @cached_property
     def embedder(self) -> Embedder:
-        """The configured sentence-transformers embedder (``retrieval.embedding``)."""
-        from retrieval.embedding import SentenceTransformerEmbedder, packaged_embedder_path
+        """The configured embedder on its backend (``retrieval.embedding_runtime.build_embedder``).
+
+        The onnx/openvino backends export the model once, offline, under
+        ``embedder_export_dir`` (default ``<data_dir>/models``) on first use.
+
+        Raises:
+            InvalidConfig: unknown backend, int8 on a backend without it, or a bad model path.
+        """
+        from retrieval.embedding import packaged_embedder_path
+        from retrieval.embedding_runtime import build_embedder
 
         with self._lock:
-            path = self.settings.embedder_path or str(packaged_embedder_path())
-            return SentenceTransformerEmbedder(
-                path, batch_size=self.settings.embed_batch_size, threads=self.settings.torch_threads
-            )
+            s = self.settings
+            path = s.embedder_path or str(packaged_embedder_path())
+            return build_embedder(s.embedder_backend, path,
+                                  export_root=s.embedder_export_dir or self.data_dir / "models",
+                                  batch_size=s.embed_batch_size, threads=s.torch_threads,
+                                  quantization=s.embedder_quantization)
 
     @cached_property
     def retriever(self) -> RetrieverProtocol:

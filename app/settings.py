@@ -28,9 +28,17 @@ class Settings(BaseSettings):
     # --- embedder ------------------------------------------------------------
     embedder_path: str | None = Field(None, description="Local sentence-transformers model "
                                       "directory; default: the packaged all-MiniLM-L6-v2.")
+    embedder_backend: Literal["torch", "onnx", "openvino"] = Field(
+        "torch", description="Runtime of the embedder: torch (sentence-transformers on PyTorch), onnx "
+        "(ONNX Runtime) or openvino; the model is exported once, offline, under embedder_export_dir. "
+        "Part of the embedder identity: switching re-embeds the corpus.")
+    embedder_quantization: Literal["none", "int8"] = Field(
+        "none", description="int8: dynamic int8 quantisation of the exported graph (onnx backend only).")
+    embedder_export_dir: Path | None = Field(None, description="Where exported embedder graphs live; "
+                                             "default <data_dir>/models.")
     embed_batch_size: int = Field(32, ge=1, le=1024)
-    torch_threads: int = Field(2, ge=1, le=256, description="torch intra-op threads, fixed so "
-                               "embeddings and timings are reproducible.")
+    torch_threads: int = Field(2, ge=1, le=256, description="Intra-op threads of torch and of the "
+                               "embedder runtime, fixed so embeddings and timings are reproducible.")
 
     # --- chunking --------------------------------------------------------------
     chunk_tokens: int = Field(128, ge=8, le=8192, description="Chunk window, generator tokens.")

