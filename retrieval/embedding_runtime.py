@@ -131,11 +131,11 @@ class _OpenVINORunner:
         self.compiled = core.compile_model(core.read_model(str(graph)), "CPU", self.config)
         self.request = self.compiled.create_infer_request()
         self.inputs = [p.get_any_name() for p in self.compiled.inputs]
-        precision = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
-        if "f32" not in precision.lower():
+        precision = str(self.compiled.get_property("INFERENCE_PRECISION_HINT")).lower()
+        if "f32" not in precision and "float32" not in precision:
             raise BackendError(f"OpenVINO compiled the embedder in {precision}, not f32")
         self.settings = {"runtime": "openvino", "runtime_version": ov.get_version().split("-")[0],
-                         "device": "CPU", **{k.lower(): v for k, v in self.config.items()}}
+                         "ov_device": "CPU", **{k.lower(): v for k, v in self.config.items()}}
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         res = self.request.infer({k: feeds[k] for k in self.inputs}, share_inputs=False)
@@ -167,6 +167,7 @@ class RuntimeEmbedder:
 
         from retrieval.embedding_export import (
             OPENVINO_XML,
+            PLAIN_ONNX,
             ensure_onnx,
             ensure_openvino,
             export_dir,
@@ -199,10 +200,15 @@ class RuntimeEmbedder:
                 files = [graph.name]
             else:
                 graph = ensure_openvino(model_dir, export_root, name, weights_sha)
-                files = [OPENVINO_XML, str(Path(OPENVINO_XML).with_suffix(".bin"))]
+                # The IR's XML names its constants from a per-process counter, so the identity
+                # takes the ONNX graph it was converted from and the IR weights; the XML is
+                # still checked against export.json.
+                files = [PLAIN_ONNX, str(Path(OPENVINO_XML).with_suffix(".bin"))]
             directory = export_dir(export_root, name, weights_sha)
             # Checked against export.json before the runtime reads them.
             graph_sha = {f: file_sha256(directory, f) for f in files}
+            if backend == "openvino":
+                file_sha256(directory, OPENVINO_XML)
             self._run: Any = (_OnnxRuntimeRunner(graph, self.threads) if backend == "onnx"
                               else _OpenVINORunner(graph, self.threads))
         except ImportError as exc:
