@@ -88,15 +88,12 @@ def prepare_corpus(data_dir: Path) -> tuple[Any, Path]:
     """Services on ``<data_dir>/corpus`` with the 15.20 docs ingested once without embeddings."""
     from sqlalchemy import func, select
 
-    from app.cli.corpus_cmds import collect
+    from app.ingest import IngestService
     from app.services import Services
     from app.settings import get_settings
     from foundation.db import read_session
-    from retrieval.chunking import ChunkerConfig, wordpiece_counter
     from retrieval.corpus import fetch_postgres_docs
-    from retrieval.embedding import packaged_embedder_path
     from retrieval.models import Revision
-    from retrieval.store import ingest_batch
 
     corpus_data = data_dir / "corpus"
     corpus_data.mkdir(parents=True, exist_ok=True)
@@ -110,11 +107,7 @@ def prepare_corpus(data_dir: Path) -> tuple[Any, Path]:
         latest = s.execute(select(func.max(Revision.number))).scalar() or 0
     if latest == 0:
         print("ingesting the 15.20 docs without embeddings ...", file=sys.stderr, flush=True)
-        items, _ = collect([corpus_dir], services.settings.max_document_bytes)
-        ingest_batch(services.engine, items, tokenizer=services.tokenizer,
-                     chunker_config=ChunkerConfig(128, 16), embedder=None,
-                     embed_token_count=wordpiece_counter(packaged_embedder_path()),
-                     note=f"postgres-docs {VERSION}", max_document_bytes=services.settings.max_document_bytes)
+        IngestService(services).ingest_paths([corpus_dir], embed=False, note=f"postgres-docs {VERSION}")
     return services, corpus_dir
 
 
