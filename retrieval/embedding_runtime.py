@@ -106,12 +106,16 @@ class _OnnxRuntimeRunner:
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, ORT_GRAPH_OPTIMIZATION)
         so.use_deterministic_compute = True
         so.log_severity_level = 3
+        # Idle intra-op threads sleep instead of spinning: in this process torch (the generator)
+        # runs right after a query embedding, and spinning threads would take its cores.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.settings = {"runtime": "onnxruntime", "runtime_version": ort.__version__,
                          "provider": "CPUExecutionProvider", "intra_op_threads": threads,
                          "inter_op_threads": 1, "execution_mode": "sequential",
-                         "graph_optimization_level": ORT_GRAPH_OPTIMIZATION, "deterministic_compute": True}
+                         "graph_optimization_level": ORT_GRAPH_OPTIMIZATION, "deterministic_compute": True,
+                         "allow_spinning": False}
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         out = self.session.run(None, {k: feeds[k] for k in self.inputs})[0]
