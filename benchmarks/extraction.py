@@ -291,6 +291,7 @@ def diff(folder: Path, rev: str) -> dict[str, Any]:
 
 
 def main() -> int:
+    """Run the sets (or ``--diff``) and print the table or JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="*", type=Path)
     ap.add_argument("--extractors", default="ragbudget,html2text,inscriptis,markdownify")

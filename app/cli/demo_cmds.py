@@ -34,6 +34,7 @@ FIRST, SECOND = "15.18", "15.20"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``ragbudget demo`` to the CLI."""
     d = sub.add_parser("demo", help="the main job end to end on the PostgreSQL docs")
     d.add_argument("--budget-ms", type=float, default=1200.0, help="TTFT budget per answer (ms)")
     d.add_argument("--max-new-tokens", type=int, default=64)
@@ -56,9 +57,11 @@ class DemoState:
             self.data = json.loads(path.read_text())
 
     def get(self, key: str) -> Any:
+        """The value recorded under ``key`` (None when that step has not run)."""
         return self.data.get(key)
 
     def set(self, key: str, value: Any) -> None:
+        """Record ``value`` under ``key`` and write the file atomically (temporary file, rename)."""
         self.data[key] = value
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True))
@@ -145,6 +148,7 @@ def _pick_receipt(services: Any, receipts: list[str]) -> str:
 
 
 def cmd_demo(args: argparse.Namespace, services: Any) -> int:  # type: ignore[no-untyped-def]
+    """Run the five steps of the module docstring; exit 0, or the replay's exit code."""
     t0 = time.perf_counter()
     state = DemoState(services.data_dir / "demo-state.json", args.restart)
     _banner(f"1/5 fetch and ingest the PostgreSQL {FIRST} documentation")
