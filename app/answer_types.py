@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from latency_model.planner import Plan
 
 AnswerStatus = Literal["ok", "cancelled", "failed"]
+FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 
 class Citation(BaseModel):
@@ -30,7 +31,8 @@ class Citation(BaseModel):
 
     rank: int = Field(description="1-based rank in the retrieval")
     score: float = Field(description="exact float32 inner product, as stored")
-    chunk_id: int
+    chunk_id: str = Field(description="decimal string of the 63-bit chunk id (beyond 2**53, so not a "
+                                      "JSON number; docs/receipts.md)")
     document_id: str
     version: int = Field(description="document version the chunk belongs to")
     chunk_hash: str = Field(description="sha256:<hex> of the chunk text")
@@ -38,7 +40,7 @@ class Citation(BaseModel):
     @classmethod
     def of(cls, hit: Any) -> Citation:
         """From a :class:`retrieval.retriever.Hit` (or anything with the same attributes)."""
-        return cls(rank=hit.rank, score=hit.score, chunk_id=hit.chunk_id,
+        return cls(rank=hit.rank, score=hit.score, chunk_id=str(hit.chunk_id),
                    document_id=str(hit.document_id), version=hit.version, chunk_hash=hit.chunk_hash)
 
 
@@ -107,6 +109,9 @@ class Answer(BaseModel):
     tokens: TokenCounts
     citations: list[Citation]
     receipt_id: str | None
+    finish_reason: FinishReason = Field(description="stop (a stop string or the end of sequence), "
+                                                    "length (max tokens), cancelled or error")
+    stop_sequence: str | None = Field(None, description="the stop string that ended the answer")
     receipt_error: str | None = None
 
 

@@ -30,6 +30,7 @@ from app.answer_types import (
     AnswerStatus,
     AnswerTimings,
     Citation,
+    FinishReason,
     PlanPublic,
     PredictedTTFT,
     ProfileRef,
@@ -365,6 +366,7 @@ class AnswerPipeline:
                                computed=prompt_tokens - cached_tokens, output=n_out),
             citations=[Citation.of(h) for h in p.retrieval.hits[:k]],
             receipt_id=None,
+            finish_reason=_finish_reason(state, p.max_new_tokens, n_out), stop_sequence=None,
         )
         try:
             engine_prompt = state.stats.engine_prompt if state.stats is not None else None
@@ -393,7 +395,9 @@ class AnswerPipeline:
             question=p.request.question,
             corpus={"revision": r.revision, "root_hash": r.root_hash},
             embedder={"id": r.embedder_id, "identity": r.embedder},
-            retrieval={"k_candidates": r.k, "index": r.index, "query_truncated": r.query_truncated},
+            request={"messages": [{"role": "user", "content": p.request.question}], "user": None},
+            retrieval={"k_candidates": r.k, "index": r.index, "query_truncated": r.query_truncated,
+                       "query": p.request.question},
             candidates=[{"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id,
                          "document_id": h.document_id, "version": h.version,
                          "chunk_hash": h.chunk_hash} for h in r.hits],
@@ -410,18 +414,31 @@ class AnswerPipeline:
                     "computed_tokens": summary.tokens.computed},
             generator={"backend": ident.get("backend"), "model_id": ident.get("model_id"),
                        "weights_hash": ident.get("weights_hash"), "dtype": ident.get("dtype"),
-                       "device": ident.get("device"), "params": params.to_dict(),
+                       "device": ident.get("device"), "params": {**params.to_dict(), "stop": []},
                        "chat_template": ident.get("chat_template")},
             timings=summary.timings.model_dump(),
             output={"text": text, "text_hash": sha256_text(text),
                     "token_ids": out_ids, "token_ids_hash": sha256_ints(out_ids),
-                    "output_tokens": summary.tokens.output},
+                    "output_tokens": summary.tokens.output, "finish_reason": summary.finish_reason,
+                    "stop_sequence": summary.stop_sequence},
             status=summary.status,
             error=summary.error.model_dump() if summary.error is not None else None,
             software=software_versions(),
             **({"extra": {"engine_prompt": engine_prompt}} if engine_prompt else {}),
         )
         return str(append_receipt(self.services.engine, body).id)
+
+
+def _finish_reason(state: InFlight, max_new_tokens: int, n_out: int) -> FinishReason:
+    """Why generation ended: ``stop`` (end of sequence), ``length``, ``cancelled`` or ``error``."""
+    if state.status == "cancelled":
+        return "cancelled"
+    if state.status == "failed":
+        return "error"
+    reason = state.stats.finish_reason if state.stats is not None else None
+    if reason == "stop" or reason == "length":
+        return reason
+    return "length" if n_out >= max_new_tokens else "stop"
 
 
 @contextmanager

@@ -5,8 +5,15 @@ Contract (DESIGN.md, "Contracts worth keeping stable"):
 * Every hash is written ``sha256:<64 lowercase hex>`` so the algorithm can change.
 * Text is hashed over its normalised UTF-8 bytes (see :func:`normalize_text`).
 * Records are hashed over canonical JSON: sorted keys, no insignificant
-  whitespace, UTF-8, no NaN/Infinity (RFC 8785 in spirit; floats use Python's
-  shortest round-trip ``repr``, which is what RFC 8785 prescribes for doubles).
+  whitespace, UTF-8, no NaN/Infinity (:func:`canonical_json`). This is *not*
+  RFC 8785: Python writes ``1200.0``, ``1e-07`` and ``-0.0`` where RFC 8785
+  writes ``1200``, ``1e-7`` and ``0``. It stays the form of every hash already
+  stored (corpus roots, token-id hashes, embedder ids, version-1 receipts).
+* Records meant to be verified outside Python (receipts from format version 2)
+  use RFC 8785, the JSON Canonicalization Scheme (:func:`jcs_canonical`, the
+  ``rfc8785`` library): ECMAScript number formatting, keys sorted by UTF-16
+  code units, and integers only within +-(2**53 - 1), so a JavaScript or Go
+  auditor with any JCS library gets the same bytes.
 """
 
 from __future__ import annotations
@@ -98,6 +105,27 @@ def canonical_json(obj: Any) -> bytes:
         ).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"value is not canonical-JSON serialisable: {exc}") from exc
+
+
+#: Largest integer every JSON reader holds exactly (JavaScript's ``Number.MAX_SAFE_INTEGER``).
+MAX_SAFE_INTEGER = 2**53 - 1
+
+
+def jcs_canonical(obj: Any) -> bytes:
+    """Serialise ``obj`` per RFC 8785 (JSON Canonicalization Scheme), via the ``rfc8785`` library.
+
+    Raises:
+        InvalidInput: ``obj`` holds NaN or an infinity, an integer outside
+            ``+-MAX_SAFE_INTEGER`` (RFC 8785 section 3.2.2.3: numbers are IEEE-754
+            doubles; a larger integer must travel as a string), a string that is not
+            valid Unicode (a lone surrogate), or a value that is not JSON.
+    """
+    import rfc8785
+
+    try:
+        return rfc8785.dumps(obj)
+    except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
+        raise InvalidInput(f"value is not RFC 8785 serialisable: {exc}") from exc
 
 
 def sha256_json(obj: Any) -> str:

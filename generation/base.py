@@ -23,8 +23,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from foundation.hashing import MAX_SAFE_INTEGER
 from retrieval.tokens import TextTokenizer
 
+#: Largest accepted seed: 2**53 - 1, so a seed is a plain JSON number every reader holds exactly.
+MAX_SEED = MAX_SAFE_INTEGER
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "cancelled", "error"})
 

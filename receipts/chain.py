@@ -1,8 +1,9 @@
 """The chained receipt log: append (atomic, fork-free), get, list with filters and paging.
 
-Each receipt body is stored as canonical JSON (sorted keys, no whitespace,
-UTF-8) and carries its own ``hash``: ``sha256:`` over the canonical JSON of the
-body *without* the ``hash`` field (:func:`receipt_hash`). The body's
+Each receipt body is stored as its canonical JSON (RFC 8785 from format
+version 2, Python's canonical JSON for version 1; :mod:`receipts.canonical`)
+and carries its own ``hash``: ``sha256:`` over the canonical JSON of the body
+*without* the ``hash`` field (:func:`receipt_hash`). The body's
 ``prev_hash`` is the previous receipt's hash (:data:`GENESIS` for the first),
 so the receipts form one chain; ``receipts.prev_hash`` is UNIQUE, so two
 writers can never both extend the same head. Verification of the whole chain
@@ -24,8 +25,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import Conflict, IntegrityFailure, InvalidInput, UnknownReceipt
-from foundation.hashing import canonical_json, sha256_json
 from foundation.provenance import to_utc_iso, utc_now_iso
+from receipts.canonical import canonical_body, receipt_hash
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.schema import CHAIN_FIELDS, FORMAT_VERSION, STATUSES, document_versions, validate_body
 
@@ -48,9 +49,8 @@ class StoredReceipt:
                 "created_at": self.created_at}
 
 
-def receipt_hash(body: dict[str, Any]) -> str:
-    """``sha256:`` over the canonical JSON of ``body`` without its ``hash`` field."""
-    return sha256_json({k: v for k, v in body.items() if k != "hash"})
+__all__ = ["GENESIS", "StoredReceipt", "append_receipt", "get_receipt", "get_receipt_row", "head",
+           "list_receipts", "parse_body", "receipt_hash", "summarize"]
 
 
 def parse_body(text: str) -> dict[str, Any]:
@@ -104,7 +104,7 @@ def append_receipt(engine: Engine, body: dict[str, Any], *, max_attempts: int = 
                 full["hash"] = digest
                 session.execute(insert(ReceiptRow).values(
                     seq=seq, id=full["id"], created_at=full["created_at"], status=full["status"],
-                    prev_hash=prev_hash, hash=digest, body=canonical_json(full).decode("utf-8")))
+                    prev_hash=prev_hash, hash=digest, body=canonical_body(full).decode("utf-8")))
                 if docs:
                     session.execute(insert(ReceiptDocument), [
                         {"receipt_seq": seq, "document_id": d, "version": v} for d, v in docs])

@@ -6,7 +6,8 @@ Checks, in order (each ``{name, status, ok, expected, actual, detail}``):
    recorded one (body and row); ``chain_link``: its ``prev_hash`` is the previous
    receipt's hash and the next receipt (if any) links to it.
 2. ``corpus_root``: the pinned revision still has the recorded root hash;
-   ``retrieval``: retrieval re-run at that revision with the recorded K returns
+   ``retrieval``: retrieval of the recorded query (``retrieval.query``; the
+   question in version 1) re-run at that revision with the recorded K returns
    identical chunk ids, ranks, document versions, chunk hashes and scores
    (exact float equality); ``embedder``: the retriever's embedder id equals the
    recorded one.
@@ -38,6 +39,7 @@ from foundation.errors import RagBudgetError
 from receipts.chain import GENESIS, get_receipt_row, parse_body, receipt_hash
 from receipts.freshness import freshness, render_freshness
 from receipts.models import ReceiptRow
+from receipts.schema import retrieval_query
 from receipts.stored import stored_hits
 from retrieval.models import Revision
 
@@ -115,7 +117,12 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
 
 
 def _hit_tuple(hit: Any) -> dict[str, Any]:
-    return {f: _get(hit, f) for f in HIT_FIELDS}
+    """A hit's identifying fields; ``chunk_id`` as a decimal string (version 2 records it so,
+    version 1 and the retriever as an int)."""
+    out = {f: _get(hit, f) for f in HIT_FIELDS}
+    if out["chunk_id"] is not None:
+        out["chunk_id"] = str(out["chunk_id"])
+    return out
 
 
 def check_chain(engine: Engine, row: Any, body: dict[str, Any]) -> list[Check]:
@@ -153,7 +160,7 @@ def check_retrieval(engine: Engine, body: dict[str, Any], retriever: Any) -> lis
         return checks
     k = int(body["retrieval"]["k_candidates"])
     try:
-        result = retriever.retrieve(body["question"], k, revision)
+        result = retriever.retrieve(retrieval_query(body), k, revision)
     except RagBudgetError as exc:
         checks.append(Check("retrieval", False, None, exc.to_dict(), f"retrieval failed: {exc.message}"))
         return checks

@@ -8,7 +8,14 @@ by :func:`receipts.chain.append_receipt`, never by the caller.
 
 Format history (``format_version``):
 
-* 1: the sections below.
+* 1: the sections below; canonical JSON is Python's ``json.dumps`` form
+  (:func:`foundation.hashing.canonical_json`). Read and verified, never written.
+* 2: canonical JSON per RFC 8785 (:mod:`receipts.canonical`); no integer
+  beyond 2**53 - 1 anywhere (``candidates[].chunk_id`` is a decimal string,
+  seeds are below 2**53); new fields ``request`` (every chat message and the
+  client's ``user``), ``retrieval.query`` (the text retrieval embedded),
+  ``generator.params.stop`` (stop sequences) and ``output.finish_reason`` /
+  ``output.stop_sequence``.
 
 Nullability: an answer that was cancelled or failed still writes a receipt, so
 for ``status != "ok"`` every section except ``question``, ``corpus``,
@@ -24,8 +31,10 @@ import math
 from typing import Any
 
 from foundation.errors import InvalidInput
+from foundation.hashing import MAX_SAFE_INTEGER
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+FORMAT_VERSIONS = (1, 2)
 STATUSES = ("ok", "cancelled", "failed")
 PROFILE_SOURCES = ("fitted", "prior")
 CHAIN_FIELDS = ("id", "seq", "created_at", "prev_hash", "hash", "format_version")
@@ -35,6 +44,9 @@ CHAIN_FIELDS = ("id", "seq", "created_at", "prev_hash", "hash", "format_version"
 #   any (any JSON value).
 CANDIDATE = {"rank": "int", "score": "num", "chunk_id": "int", "document_id": "str",
              "version": "int", "chunk_hash": "str"}
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+ROLES = ("system", "developer", "user", "assistant")
+MESSAGE = {"role": "str", "content": "str"}
 
 SECTIONS: dict[str, dict[str, str]] = {
     "corpus": {"revision": "int", "root_hash": "str?"},
@@ -55,11 +67,20 @@ SECTIONS: dict[str, dict[str, str]] = {
                  "sentence_transformers": "str?", "faiss": "str?", "ragbudget": "str?"},
 }
 GENERATION_PARAMS = {"max_new_tokens": "int", "temperature": "num", "top_p": "num", "seed": "int?"}
+# What version 2 adds or changes, per section (checked on top of the version-1 specs).
+V2_CANDIDATE = {**CANDIDATE, "chunk_id": "idstr"}
+V2_SECTIONS: dict[str, dict[str, str]] = {
+    "request": {"messages": "list", "user": "str?"},
+    "retrieval": {"query": "str"},
+    "output": {"finish_reason": "str", "stop_sequence": "str?"},
+}
+V2_GENERATION_PARAMS = {"stop": "list"}
 # Sections that must be present and non-null whatever the status.
 ALWAYS = ("corpus", "software")
 # Optional sections: output.token_ids (list of ints) lets replay name the first differing token.
 OPTIONAL_TOP = ("error", "extra")
 TOP_LEVEL = ("question", "candidates", "status", *SECTIONS, *OPTIONAL_TOP)
+V2_TOP_LEVEL = (*TOP_LEVEL, "request")
 
 
 def _plain(value: Any) -> Any:
@@ -73,16 +94,21 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _check_json(value: Any, where: str) -> None:
-    """Reject values canonical JSON cannot carry exactly (NaN/inf, bytes, objects)."""
+def _check_json(value: Any, where: str, safe_integers: bool) -> None:
+    """Reject values canonical JSON cannot carry exactly (NaN/inf, bytes, objects) and, with
+    ``safe_integers``, integers beyond +-(2**53 - 1) (JavaScript would round them)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidInput(f"{where} must be a finite number, got {value!r}", field=where)
+    if (safe_integers and isinstance(value, int) and not isinstance(value, bool)
+            and abs(value) > MAX_SAFE_INTEGER):
+        raise InvalidInput(f"{where} = {value} is beyond 2**53 - 1: an integer that large must be "
+                           "a decimal string", field=where)
     if isinstance(value, dict):
         for k, v in value.items():
-            _check_json(v, f"{where}.{k}")
+            _check_json(v, f"{where}.{k}", safe_integers)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            _check_json(v, f"{where}[{i}]")
+            _check_json(v, f"{where}[{i}]", safe_integers)
     elif not (value is None or isinstance(value, str | int | float | bool)):
         raise InvalidInput(f"{where} is not a JSON value: {type(value).__name__}", field=where)
 
@@ -101,6 +127,8 @@ def _check_type(value: Any, spec: str, where: str) -> None:
         "bool": isinstance(value, bool),
         "dict": isinstance(value, dict),
         "list": isinstance(value, list),
+        "idstr": isinstance(value, str) and value.isascii() and value.isdigit()
+        and value == str(int(value)),
         "any": True,
     }[kind]
     if not ok:
@@ -117,21 +145,39 @@ def _check_fields(section: Any, fields: dict[str, str], where: str) -> None:
         _check_type(section[name], spec, f"{where}.{name}")
 
 
+def body_version(body: dict[str, Any]) -> int:
+    """The format version a body claims (:data:`FORMAT_VERSION` when it has none yet).
+
+    Raises:
+        InvalidInput: ``format_version`` is not one of :data:`FORMAT_VERSIONS`.
+    """
+    version = body.get("format_version", FORMAT_VERSION)
+    if isinstance(version, bool) or version not in FORMAT_VERSIONS:
+        raise InvalidInput(f"unknown format_version {version!r}", field="format_version")
+    return int(version)
+
+
 def validate_body(body: dict[str, Any]) -> None:
     """Check a receipt body's required keys, types and values (chain fields are ignored).
 
+    The rules are those of the body's ``format_version`` (the current version when
+    the body has none yet, i.e. while it is being built).
+
     Raises:
-        InvalidInput: a missing key, a wrong type, an unknown status or profile source,
-            an unknown top-level section, or a value canonical JSON cannot represent
-            (NaN, infinity, bytes); ``details["field"]`` names the offending path.
+        InvalidInput: a missing key, a wrong type, an unknown status, profile source,
+            finish reason or message role, an unknown top-level section, or a value
+            canonical JSON cannot represent (NaN, infinity, bytes; from version 2 also an
+            integer beyond 2**53 - 1); ``details["field"]`` names the offending path.
     """
     if not isinstance(body, dict):
         raise InvalidInput("a receipt body must be an object")
-    unknown = sorted(set(body) - set(TOP_LEVEL) - set(CHAIN_FIELDS))
+    version = body_version(body)
+    v2 = version >= 2
+    unknown = sorted(set(body) - set(V2_TOP_LEVEL if v2 else TOP_LEVEL) - set(CHAIN_FIELDS))
     if unknown:
         raise InvalidInput(f"unknown receipt sections: {', '.join(unknown)} (use 'extra')",
                            field=unknown[0])
-    _check_json(body, "body")
+    _check_json(body, "body", safe_integers=v2)
     for key in ("question", "status", "candidates"):
         if key not in body:
             raise InvalidInput(f"receipt body is missing {key}", field=key)
@@ -141,7 +187,7 @@ def validate_body(body: dict[str, Any]) -> None:
     ok = body["status"] == "ok"
     _check_type(body["candidates"], "list", "candidates")
     for i, cand in enumerate(body["candidates"]):
-        _check_fields(cand, CANDIDATE, f"candidates[{i}]")
+        _check_fields(cand, V2_CANDIDATE if v2 else CANDIDATE, f"candidates[{i}]")
     for name, fields in SECTIONS.items():
         if name not in body:
             raise InvalidInput(f"receipt body is missing {name}", field=name)
@@ -161,18 +207,43 @@ def validate_body(body: dict[str, Any]) -> None:
         _check_type(body["error"], "any", "error")
     if body.get("extra") is not None:
         _check_type(body["extra"], "dict", "extra")
+    if v2:
+        _validate_v2(body)
+
+
+def _validate_v2(body: dict[str, Any]) -> None:
+    """The fields format version 2 adds (see the module docstring)."""
+    if "request" not in body or body["request"] is None:
+        raise InvalidInput("receipt body is missing request", field="request")
+    for name, fields in V2_SECTIONS.items():
+        if body.get(name) is not None:
+            _check_fields(body[name], fields, name)
+    for i, message in enumerate(body["request"]["messages"]):
+        _check_fields(message, MESSAGE, f"request.messages[{i}]")
+        if message["role"] not in ROLES:
+            raise InvalidInput(f"request.messages[{i}].role must be one of {', '.join(ROLES)}",
+                               field=f"request.messages[{i}].role")
+    if body["generator"] is not None:
+        params = body["generator"]["params"]
+        _check_fields(params, V2_GENERATION_PARAMS, "generator.params")
+        for i, stop in enumerate(params["stop"]):
+            _check_type(stop, "str", f"generator.params.stop[{i}]")
+    if body["output"] is not None and body["output"]["finish_reason"] not in FINISH_REASONS:
+        raise InvalidInput(f"output.finish_reason must be one of {', '.join(FINISH_REASONS)}",
+                           field="output.finish_reason")
 
 
 def build_receipt_body(**sections: Any) -> dict[str, Any]:
     """Assemble and validate a receipt body from its sections; return a new dict.
 
-    Keyword arguments are the top-level sections (``question``, ``corpus``,
-    ``embedder``, ``retrieval``, ``candidates``, ``plan``, ``scaffold``,
-    ``prompt``, ``generator``, ``timings``, ``output``, ``status``, ``error``,
-    ``software``, optional ``extra``). numpy scalars are turned into plain
-    numbers (a float32 score becomes the double with the same value, which
-    JSON round-trips exactly). ``error`` defaults to ``None``; ``format_version``
-    is set to :data:`FORMAT_VERSION`.
+    Keyword arguments are the top-level sections (``question``, ``request``,
+    ``corpus``, ``embedder``, ``retrieval``, ``candidates``, ``plan``,
+    ``scaffold``, ``prompt``, ``generator``, ``timings``, ``output``, ``status``,
+    ``error``, ``software``, optional ``extra``). numpy scalars are turned into
+    plain numbers (a float32 score becomes the double with the same value, which
+    JSON round-trips exactly); candidates' ``chunk_id`` integers become decimal
+    strings. ``error`` defaults to ``None``; ``format_version`` is set to
+    :data:`FORMAT_VERSION`.
 
     Raises:
         InvalidInput: see :func:`validate_body`; also when a chain field is passed.
@@ -182,6 +253,10 @@ def build_receipt_body(**sections: Any) -> dict[str, Any]:
         raise InvalidInput(f"chain fields are set by the chain, not the caller: {', '.join(passed)}",
                            field=passed[0])
     body = _plain(dict(sections))
+    for cand in body.get("candidates") or []:
+        if isinstance(cand, dict) and isinstance(cand.get("chunk_id"), int) \
+                and not isinstance(cand["chunk_id"], bool):
+            cand["chunk_id"] = str(cand["chunk_id"])
     body.setdefault("error", None)
     validate_body(body)
     body["format_version"] = FORMAT_VERSION
@@ -203,3 +278,9 @@ def document_versions(body: dict[str, Any]) -> list[tuple[str, int]]:
     behind "receipts citing document X"), and what verification expects to find.
     """
     return sorted({(str(c["document_id"]), int(c["version"])) for c in body.get("candidates") or []})
+
+
+def retrieval_query(body: dict[str, Any]) -> str:
+    """The text retrieval embedded: ``retrieval.query`` (version 2), else the question (version 1)."""
+    query = (body.get("retrieval") or {}).get("query")
+    return query if isinstance(query, str) else str(body["question"])

@@ -61,7 +61,7 @@ def stored_hits(engine: Engine, body: dict[str, Any], *,
     problems: list[dict[str, Any]] = []
     for c in cands:
         row = rows.get(int(c["chunk_id"]))
-        where = {"rank": c["rank"], "chunk_id": c["chunk_id"]}
+        where = {"rank": c["rank"], "chunk_id": str(c["chunk_id"])}
         if row is None:
             problems.append({**where, "expected": c["chunk_hash"], "actual": None,
                              "detail": "chunk not found in the store"})

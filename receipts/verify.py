@@ -5,8 +5,10 @@ stays flat for millions of receipts), and for each one recomputes the hash from
 the stored body. Problem kinds:
 
 * ``edited``: the body no longer matches its own hash (a field or a score was
-  changed), or a row column (id, status, created_at, prev_hash) or the
-  ``receipt_documents`` index disagrees with the body;
+  changed), the stored text is not byte for byte the canonical form of the body
+  it holds (pretty-printed, a duplicated key: :func:`check_stored_form`), or a
+  row column (id, status, created_at, prev_hash) or the ``receipt_documents``
+  index disagrees with the body;
 * ``hash_mismatch``: the body's ``hash`` and the row's ``hash`` column differ
   (one of them was replaced);
 * ``broken_link``: the body's ``prev_hash`` is not the hash of the receipt
@@ -35,6 +37,7 @@ from sqlalchemy import Engine, select
 
 from foundation.db import read_session
 from foundation.errors import IntegrityFailure
+from receipts.canonical import stored_form_problem
 from receipts.chain import GENESIS, parse_body, receipt_hash
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.schema import FORMAT_VERSION, document_versions
@@ -126,6 +129,7 @@ class _Walk:
             self.add("edited", seq, rid, "a JSON object", row.body[:80], str(exc))
             self.recent[seq] = {row.hash}
             return
+        check_stored_form(self, row)
         recomputed, in_body = receipt_hash(body), body.get("hash")
         if recomputed not in (in_body, row.hash):
             self.add("edited", seq, rid, in_body, recomputed,
@@ -181,6 +185,19 @@ class _Walk:
                      self.report.head["hash"] if self.report.head else None,
                      "the anchored head is not in the chain: receipts were cut from the end or rewritten")
         return self.report
+
+
+def check_stored_form(walk: _Walk, row: Any) -> None:
+    """Report ``edited`` when the stored body text is not byte for byte its own canonical form.
+
+    The hash covers the parsed content, so a body re-serialised after hashing
+    (pretty-printed, keys reordered) or given a second copy of a key (which a
+    JSON reader silently resolves to one value) would otherwise verify.
+    """
+    problem = stored_form_problem(row.body)
+    if problem is not None:
+        walk.add("edited", row.seq, row.id, "the canonical form of the stored body", "other bytes",
+                 f"stored body is not canonical: {problem}")
 
 
 def verify_chain(engine: Engine, *, batch_size: int = 1000,

@@ -78,10 +78,15 @@ class RetrievalResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self, include_text: bool = True) -> dict[str, Any]:
-        """JSON-ready dict; ``include_text=False`` drops each hit's ``text``."""
+        """JSON-ready dict; ``include_text=False`` drops each hit's ``text``.
+
+        Each hit's ``chunk_id`` is a decimal string: ids are 63-bit, beyond the
+        2**53 a JavaScript (or any double-based) JSON reader holds exactly.
+        """
         out = asdict(self)
-        if not include_text:
-            for hit in out["hits"]:
+        for hit in out["hits"]:
+            hit["chunk_id"] = str(hit["chunk_id"])
+            if not include_text:
                 hit.pop("text", None)
         return out
 

@@ -33,6 +33,14 @@ if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then
   # The browser is there: a browser test that cannot start it is a failure, not a skip.
   export RAGBUDGET_REQUIRE_BROWSER=${RAGBUDGET_REQUIRE_BROWSER:-1}
 fi
+# An independent RFC 8785 (JCS) implementation for the receipt tests: Node's `canonicalize`
+# (by an author of the RFC), when node and npm are here. Without it those tests use the second
+# Python implementation (`jcs`) only.
+if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
+    && [ ! -f .node/node_modules/canonicalize/package.json ]; then
+  npm install --prefix .node --no-audit --no-fund --silent canonicalize@2.1.0 >/dev/null 2>&1 \
+    || echo "note: npm could not install canonicalize; the Node JCS receipt test will be skipped" >&2
+fi
 ruff check .
 mypy
 python -m pytest "$@"

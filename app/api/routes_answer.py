@@ -16,6 +16,7 @@ from app.answer_types import Advice, AdviceCurve, Answer
 from app.api.deps import require_role
 from app.api.streaming import iterate_in_thread
 from app.pipeline import AnswerEvent, AnswerPipeline, AnswerRequest
+from generation.base import MAX_SEED
 
 router = APIRouter(tags=["answers"])
 
@@ -47,7 +48,7 @@ class AnswerCreate(BaseModel):
     stream: bool = False
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="0..2**53-1 (a JSON-safe integer)")
 
     def to_request(self) -> AnswerRequest:
         return AnswerRequest(question=self.question, ttft_budget_ms=self.ttft_budget_ms,

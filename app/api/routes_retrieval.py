@@ -35,7 +35,8 @@ class RetrieveCreate(BaseModel):
 class HitPublic(BaseModel):
     rank: int
     score: float
-    chunk_id: int
+    chunk_id: str = Field(description="decimal string of the 63-bit chunk id (beyond 2**53, so not a "
+                                      "JSON number)")
     document_id: str
     version: int
     chunk_hash: str

@@ -39,6 +39,19 @@ def exit_code_for(exc: RagBudgetError) -> int:
     return 1
 
 
+def seed_arg(text: str) -> int:
+    """argparse ``type`` for seeds: an integer in ``0..2**53 - 1`` (JSON-safe in every reader)."""
+    from generation.base import MAX_SEED
+
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from exc
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"a seed must be in [0, 2**53 - 1], got {value}")
+    return value
+
+
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
     """Add the ``--json`` flag every result-printing command has."""
     parser.add_argument("--json", action="store_true", help="machine-readable JSON output")

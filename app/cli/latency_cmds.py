@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from app.cli.common import add_json_flag, emit
+from app.cli.common import add_json_flag, emit, seed_arg
 from foundation.errors import InvalidConfig
 
 
@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cal = sub.add_parser("calibrate", help="time the generator on this device and fit a latency profile")
     cal.add_argument("--quick", action="store_true",
                      help="prompts up to 2048 tokens (< 2 min for the default model on 2 CPU cores)")
-    cal.add_argument("--seed", type=int, default=0, help="seed of the interleaved order (default 0)")
+    cal.add_argument("--seed", type=seed_arg, default=0, help="seed of the interleaved order (default 0)")
     cal.add_argument("--cached-tokens", type=int, nargs="+", metavar="N",
                      help="cached-prefix lengths to measure besides 0 (default: the scaffold sizes)")
     cal.add_argument("--prefill-model", choices=["linear", "quadratic", "quadratic_split"],

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.cli.common import add_json_flag, emit
+from app.cli.common import add_json_flag, emit, seed_arg
 from foundation.errors import InvalidInput
 
 
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--repeats", type=int, default=2, help="timed prefills per (question, k)")
     s.add_argument("--index-questions", type=int, default=4,
                    help="book-index questions added to the default set")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=seed_arg, default=0)
     s.add_argument("--out", type=Path, required=True, help="output directory")
     add_json_flag(s)
     s.set_defaults(func=cmd_sweep)

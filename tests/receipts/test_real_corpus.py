@@ -95,7 +95,7 @@ def test_receipt_from_15_18_replays_exactly_after_15_20(real):
                               "chunk_hash": h.chunk_hash} for h in result.hits])
     s["embedder"] = {"id": result.embedder_id, "identity": result.embedder}
     s["retrieval"] = {"k_candidates": result.k, "index": result.index,
-                      "query_truncated": result.query_truncated}
+                      "query_truncated": result.query_truncated, "query": QUESTION}
     token_ids_hash, n = _prompt(real, QUESTION, result.hits[:k])
     s["prompt"].update(token_ids_hash=token_ids_hash, prompt_tokens=n)
     stored = append_receipt(engine, s)

@@ -7,7 +7,8 @@ from sqlalchemy import delete, select, update
 
 from foundation.db import WriterLock, write_transaction
 from foundation.errors import UnknownReceipt
-from foundation.hashing import canonical_json, sha256_ints
+from foundation.hashing import sha256_ints
+from receipts.canonical import canonical_body
 from receipts.chain import append_receipt
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.replay import replay
@@ -102,7 +103,7 @@ def test_edited_receipt_fails_its_hash_check(engine, answered):
         row = s.scalars(select(ReceiptRow).where(ReceiptRow.id == answered)).one()
         b = json.loads(row.body)
         b["question"] = "something else"
-        row.body = canonical_json(b).decode()
+        row.body = canonical_body(b).decode()
     report = replay(engine, answered, retriever=None, rebuild_prompt=None)
     assert _statuses(report)["receipt_hash"] == "failed"
 

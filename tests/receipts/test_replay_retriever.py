@@ -26,7 +26,7 @@ def _body_from(result, chosen_k):
                               "chunk_hash": h.chunk_hash} for h in result.hits])
     s["embedder"] = {"id": result.embedder_id, "identity": result.embedder}
     s["retrieval"] = {"k_candidates": result.k, "index": result.index,
-                      "query_truncated": result.query_truncated}
+                      "query_truncated": result.query_truncated, "query": QUESTION}
     token_ids_hash, n = fake_prompt(QUESTION, result.hits[:chosen_k])
     s["prompt"].update(token_ids_hash=token_ids_hash, prompt_tokens=n)
     return build_receipt_body(**s)

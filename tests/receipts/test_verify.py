@@ -5,7 +5,7 @@ import json
 from sqlalchemy import delete, select, update
 
 from foundation.db import WriterLock, write_transaction
-from foundation.hashing import canonical_json
+from receipts.canonical import canonical_body
 from receipts.chain import append_receipt, receipt_hash
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.synthetic import body
@@ -26,7 +26,7 @@ def _rewrite(engine, seq, edit, *, rehash=False, set_column=True):
             b["hash"] = receipt_hash(b)
             if set_column:
                 row.hash = b["hash"]
-        row.body = canonical_json(b).decode("utf-8")
+        row.body = canonical_body(b).decode("utf-8")
 
 
 def _kinds(report):

@@ -129,3 +129,37 @@ def test_api_bad_requests_map_to_status_and_code(secured: tuple[TestClient, dict
     client, headers = secured
     r = client.post("/v1/retrieve", json=body, headers=headers["copilot"])
     assert r.status_code == status and r.json()["error"]["code"] == code
+
+
+def _integers_beyond_2_53(value: object) -> list[int]:
+    if isinstance(value, dict):
+        return [i for v in value.values() for i in _integers_beyond_2_53(v)]
+    if isinstance(value, list):
+        return [i for v in value for i in _integers_beyond_2_53(v)]
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53 - 1:
+        return [value]
+    return []
+
+
+def test_api_chunk_ids_are_decimal_strings_and_no_integer_exceeds_2_53(
+        secured: tuple[TestClient, dict], stored: HashingEmbedder, engine: Engine,  # type: ignore[type-arg]
+        settings: Settings) -> None:
+    """63-bit chunk ids would be rounded by a JavaScript client; they travel as strings."""
+    client, headers = secured
+    body = client.post("/v1/retrieve", json={"query": "red pump", "k": 3},
+                       headers=headers["copilot"]).json()
+    from retrieval.retriever import Retriever
+
+    direct = Retriever(engine, stored, settings.data_dir / "index").retrieve("red pump", 3)
+    assert [h["chunk_id"] for h in body["hits"]] == [str(h.chunk_id) for h in direct.hits]
+    assert any(h.chunk_id > 2**53 for h in direct.hits)  # the fixture's ids really are that large
+    assert _integers_beyond_2_53(body) == []
+
+
+def test_cli_retrieve_json_chunk_ids_are_decimal_strings(stored: HashingEmbedder,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "retrieve", "red pump", "--k", "2", "--json")
+    data = json.loads(out)
+    assert code == 0 and all(isinstance(h["chunk_id"], str) and h["chunk_id"].isdigit()
+                             for h in data["hits"])
+    assert _integers_beyond_2_53(data) == []
