@@ -22,6 +22,8 @@ PLAIN_ANSWER_CUE = "\n\nAnswer:"
 _MARKER = re.compile(r"<\|[^<>|\s]{1,64}\|>|</?[A-Za-z_][A-Za-z0-9_.:-]{0,63}>")
 _SYS_PH = "\u0000SYS\u0000"
 _USR_PH = "\u0000USR\u0000"
+_ASST_PH = "\u0000ASST\u0000"
+_USR2_PH = "\u0000USR2\u0000"
 
 
 # --- chat framing -------------------------------------------------------------------------
@@ -102,3 +104,38 @@ def plain_framing(tokenizer: TextTokenizer) -> ChatFraming:
 def find_markers(text: str) -> list[str]:
     """Marker-like strings in ``text`` (``<|name|>``, ``<name>``, ``</name>``), sorted, unique."""
     return sorted(set(_MARKER.findall(text)))
+
+
+@dataclass(frozen=True)
+class TurnFraming:
+    """Template text between earlier turns: after a user content up to the assistant content
+    (``user_to_assistant``), and after an assistant content up to the next user content."""
+
+    user_to_assistant: str
+    assistant_to_user: str
+
+
+def derive_turn_framing(source: str, special_tokens: dict[str, str] | None = None,
+                        system_supported: bool = True) -> TurnFraming | None:
+    """Split a chat template rendered for ``[system,] user, assistant, user`` at the contents.
+
+    Returns None when the template does not render such a conversation with each
+    content verbatim and in order (a conversation with earlier assistant turns then
+    cannot be laid out; see :meth:`app.prompt.PromptBuilder.build`).
+    """
+    messages = [{"role": "user", "content": _USR_PH}, {"role": "assistant", "content": _ASST_PH},
+                {"role": "user", "content": _USR2_PH}]
+    if system_supported:
+        messages.insert(0, {"role": "system", "content": _SYS_PH})
+    try:
+        text = render_chat_template(source, messages, **dict(special_tokens or {}))
+    except Exception:  # noqa: BLE001 - a template that refuses this conversation
+        return None
+    marks = [_USR_PH, _ASST_PH, _USR2_PH]
+    if any(text.count(m) != 1 for m in marks):
+        return None
+    at = [text.index(m) for m in marks]
+    if at != sorted(at):
+        return None
+    return TurnFraming(user_to_assistant=text[at[0] + len(_USR_PH):at[1]],
+                       assistant_to_user=text[at[1] + len(_ASST_PH):at[2]])

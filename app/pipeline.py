@@ -36,13 +36,16 @@ from app.answer_types import (
     ProfileRef,
     TokenCounts,
 )
+from app.conversation import Turn, check_roles, retrieval_query
 from app.genqueue import Cancelled, GenerationQueue
 from app.metrics import AnswerMetrics
 from app.services import Services
 from app.validation import check_budget, check_k, check_max_new_tokens, check_question
+from foundation.errors import TooLarge
 from foundation.hashing import sha256_ints, sha256_text
 from foundation.provenance import software_versions
 from generation.base import GenerationStats, GenParams, TokenEvent
+from generation.stopping import StopMatcher
 from latency_model.planner import Plan
 from latency_model.profile import Profile
 
@@ -56,7 +59,13 @@ log = logging.getLogger("ragbudget.pipeline")
 
 @dataclass
 class AnswerRequest:
-    """One question with its TTFT budget. ``revision`` None: the latest revision."""
+    """One question with its TTFT budget. ``revision`` None: the latest revision.
+
+    ``history``: the chat messages before the question (system/developer messages
+    and earlier turns), laid out after the scaffold and used for the retrieval
+    query (:mod:`app.conversation`). ``stop``: stop strings
+    (:mod:`generation.stopping`). ``user``: the client's end-user id, recorded.
+    """
 
     question: str
     ttft_budget_ms: float | None = None
@@ -66,6 +75,9 @@ class AnswerRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    history: list[Turn] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)
+    user: str | None = None
 
 
 @dataclass
@@ -73,7 +85,8 @@ class Prepared:
     """Everything decided before generation: retrieval, plan, prompt.
 
     ``full_prompt`` holds all K candidates (the plan's token counts come from it);
-    ``prompt`` holds the chosen k. ``arrival_t``/``prepared_t`` are
+    ``prompt`` holds the chosen k; ``query`` is the text retrieval embedded
+    (:func:`app.conversation.retrieval_query`). ``arrival_t``/``prepared_t`` are
     ``time.perf_counter()`` seconds; ``timings_ms`` has ``retrieval_ms``,
     ``planning_ms`` and ``overhead_ms`` (arrival to the plan).
     """
@@ -88,6 +101,7 @@ class Prepared:
     profile: Profile
     scaffold: Scaffold
     scaffold_cached: bool
+    query: str
     arrival_t: float
     prepared_t: float
     timings_ms: dict[str, float] = field(default_factory=dict)
@@ -99,7 +113,9 @@ class InFlight:
 
     ``first_t``/``last_t``: ``perf_counter()`` of the first token with text and of
     the latest token; ``n`` events seen; ``stats`` the generator's
-    :class:`GenerationStats` of this answer (None when it never got the model).
+    :class:`GenerationStats` of this answer (None when it never got the model);
+    ``stop`` the stop string that ended it; ``ids_per_event`` every event carried
+    its own token id (a local model, not a remote server's text chunks).
     """
 
     status: AnswerStatus = "ok"
@@ -110,6 +126,8 @@ class InFlight:
     n: int = 0
     queue_ms: float | None = None
     stats: GenerationStats | None = None
+    stop: str | None = None
+    ids_per_event: bool = True
 
 
 @dataclass
@@ -197,12 +215,18 @@ class AnswerPipeline:
         budget = check_budget(s, req.ttft_budget_ms)
         max_new = check_max_new_tokens(s, req.max_new_tokens)
         k_cap = check_k(s, req.k_max, s.retrieval_candidates)
+        check_roles(req.history)
+        query = retrieval_query(question, req.history)
         t0 = time.perf_counter()
-        result = self.services.retriever.retrieve(question, k_cap, req.revision)
+        result = self.services.retriever.retrieve(query, k_cap, req.revision)
         t1 = time.perf_counter()
         scaffold, builder = self.scaffold_and_builder()
         gen = self.services.generator
-        full = builder.build(scaffold.text, self.prompt_chunks(result.hits), question)
+        full = builder.build(scaffold.text, self.prompt_chunks(result.hits), question, req.history)
+        if full.prompt_tokens_for(0) >= gen.context_window:
+            raise TooLarge(f"the conversation and question take {full.prompt_tokens_for(0)} prompt tokens; "
+                           f"the context window is {gen.context_window}", code="context_length_exceeded",
+                           prompt_tokens=full.prompt_tokens_for(0), context_window=gen.context_window)
         cached = bool(gen.prefix_cached(full.scaffold_ids))
         profile = self.profile()
         overhead_ms = (time.perf_counter() - arrival_t) * 1000.0
@@ -210,17 +234,17 @@ class AnswerPipeline:
             question_tokens=full.question_tokens, scaffold_tokens=full.scaffold_len,
             scaffold_cached=cached, chunk_tokens=list(full.chunk_token_counts), budget_ms=budget,
             profile=profile, max_new_tokens=max_new, context_window=gen.context_window,
-            overhead_ms=overhead_ms, extra_tokens=full.framing_tokens,
+            overhead_ms=overhead_ms, extra_tokens=full.framing_tokens + full.history_tokens,
         )
         k = plan.chosen_k if plan.chosen_k is not None else 0
-        prompt = builder.build(scaffold.text, self.prompt_chunks(result.hits[:k]), question)
+        prompt = builder.build(scaffold.text, self.prompt_chunks(result.hits[:k]), question, req.history)
         t2 = time.perf_counter()
         if question != req.question:
             req = replace(req, question=question)
         return Prepared(
             request=req, budget_ms=budget, max_new_tokens=max_new, retrieval=result, plan=plan,
             prompt=prompt, full_prompt=full, profile=profile, scaffold=scaffold,
-            scaffold_cached=cached, arrival_t=arrival_t, prepared_t=t2,
+            scaffold_cached=cached, query=query, arrival_t=arrival_t, prepared_t=t2,
             timings_ms={"retrieval_ms": (t1 - t0) * 1000.0, "planning_ms": (t2 - t1) * 1000.0,
                         "overhead_ms": overhead_ms},
         )
@@ -262,6 +286,9 @@ class AnswerPipeline:
         params = GenParams(max_new_tokens=prepared.max_new_tokens, temperature=req.temperature,
                            top_p=req.top_p, seed=req.seed).resolved()
         state = InFlight()
+        # Stop strings are cut here, on the decoded text of whatever backend streams it, and
+        # the same way in replay (app.receipt_wiring): one place, generation.stopping.
+        stopper = StopMatcher(list(req.stop))
         slot: AbstractContextManager[float] | None = self.queue.slot(cancel)
         before_stats: GenerationStats | None = None
         queued_t = time.perf_counter()
@@ -283,14 +310,23 @@ class AnswerPipeline:
                     for ev in it:
                         state.n += 1
                         state.last_t = ev.t
+                        state.ids_per_event = state.ids_per_event and ev.token_id >= 0
                         if state.first_t is None and ev.text:
                             state.first_t = ev.t
-                        if ev.text:
-                            state.text.append(ev.text)
-                            yield AnswerEvent("token", text=ev.text)
+                        released, stopped = stopper.feed(ev.text)
+                        if released:
+                            state.text.append(released)
+                            yield AnswerEvent("token", text=released)
+                        if stopped:
+                            state.stop = stopper.matched
+                            break
                         if cancel.is_set():
                             break
-                if cancel.is_set():
+                held = stopper.flush()
+                if held:
+                    state.text.append(held)
+                    yield AnswerEvent("token", text=held)
+                if cancel.is_set() and state.stop is None:
                     state.status = "cancelled"
         except GeneratorExit:
             state.status = "cancelled"
@@ -335,6 +371,8 @@ class AnswerPipeline:
         first_t, last_t = state.first_t, state.last_t
         ttft_ms = (first_t - p.arrival_t) * 1000.0 if first_t is not None else None
         out_ids = list(stats.output_token_ids) if stats is not None else []
+        if state.stop is not None and state.ids_per_event:
+            out_ids = out_ids[:state.n]  # tokens a backend made past the stop were never shown
         n_out = len(out_ids) if out_ids else state.n
         tpot_ms = ((last_t - first_t) * 1000.0 / (n_out - 1)
                    if first_t is not None and last_t is not None and n_out > 1 else None)
@@ -366,7 +404,7 @@ class AnswerPipeline:
                                computed=prompt_tokens - cached_tokens, output=n_out),
             citations=[Citation.of(h) for h in p.retrieval.hits[:k]],
             receipt_id=None,
-            finish_reason=_finish_reason(state, p.max_new_tokens, n_out), stop_sequence=None,
+            finish_reason=_finish_reason(state, p.max_new_tokens, n_out), stop_sequence=state.stop,
         )
         try:
             engine_prompt = state.stats.engine_prompt if state.stats is not None else None
@@ -395,9 +433,10 @@ class AnswerPipeline:
             question=p.request.question,
             corpus={"revision": r.revision, "root_hash": r.root_hash},
             embedder={"id": r.embedder_id, "identity": r.embedder},
-            request={"messages": [{"role": "user", "content": p.request.question}], "user": None},
+            request={"messages": [t.to_dict() for t in p.request.history]
+                     + [{"role": "user", "content": p.request.question}], "user": p.request.user},
             retrieval={"k_candidates": r.k, "index": r.index, "query_truncated": r.query_truncated,
-                       "query": p.request.question},
+                       "query": p.query},
             candidates=[{"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id,
                          "document_id": h.document_id, "version": h.version,
                          "chunk_hash": h.chunk_hash} for h in r.hits],
@@ -414,7 +453,8 @@ class AnswerPipeline:
                     "computed_tokens": summary.tokens.computed},
             generator={"backend": ident.get("backend"), "model_id": ident.get("model_id"),
                        "weights_hash": ident.get("weights_hash"), "dtype": ident.get("dtype"),
-                       "device": ident.get("device"), "params": {**params.to_dict(), "stop": []},
+                       "device": ident.get("device"),
+                       "params": {**params.to_dict(), "stop": list(p.request.stop)},
                        "chat_template": ident.get("chat_template")},
             timings=summary.timings.model_dump(),
             output={"text": text, "text_hash": sha256_text(text),
@@ -430,7 +470,10 @@ class AnswerPipeline:
 
 
 def _finish_reason(state: InFlight, max_new_tokens: int, n_out: int) -> FinishReason:
-    """Why generation ended: ``stop`` (end of sequence), ``length``, ``cancelled`` or ``error``."""
+    """Why generation ended: ``stop`` (a stop string or the end of sequence), ``length``,
+    ``cancelled`` or ``error``."""
+    if state.stop is not None:
+        return "stop"
     if state.status == "cancelled":
         return "cancelled"
     if state.status == "failed":

@@ -1,4 +1,4 @@
-"""Prompt layout as token ids: [scaffold][chunks 1..k][question][assistant turn].
+"""Prompt layout as token ids: [scaffold][conversation][chunks 1..k][question][assistant turn].
 
 The scaffold (system prompt + fixed instructions, stored in the ``scaffolds``
 table with its hash) is the stable front of every prompt, so its KV cache can be
@@ -6,6 +6,13 @@ reused. Its ids end at a chat-template boundary: the system turn is closed and
 the user-turn header written. Then come the chosen chunks in rank order, each
 labelled ``[n] (doc <id> v<version>)`` and separated by blank lines, then the question, then the user-turn
 end and the assistant header.
+
+A chat request's own system messages and earlier turns (the conversation)
+come right after the scaffold, so the scaffold stays the cached prefix of every
+prompt (:meth:`PromptBuilder.build`, ``history``), as real chat turns framed
+with the template's own text (:func:`derive_turn_framing`); the turns are
+those of :func:`app.conversation.prompt_turns`; the last user turn holds the
+chunks and the question.
 
 Each segment is encoded on its own and the ids are concatenated; the joined
 text is never re-tokenised. That makes the scaffold ids an exact prefix of
@@ -47,7 +54,14 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 
-from app.framing import derive_framing, find_markers, plain_framing
+from app.conversation import Turn, prompt_turns
+from app.framing import (
+    TurnFraming,
+    derive_framing,
+    derive_turn_framing,
+    find_markers,
+    plain_framing,
+)
 from app.models import Scaffold
 from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import EmptyContent, InvalidConfig, NotFound
@@ -118,6 +132,7 @@ def get_scaffold(engine: Engine, scaffold_id: int) -> Scaffold:
 
 
 # --- prompts ----------------------------------------------------------------------------------
+
 @dataclass(frozen=True)
 class PromptChunk:
     """A retrieved chunk as shown to the model."""
@@ -131,9 +146,11 @@ class PromptChunk:
 class Prompt:
     """A prompt as token ids, with exact per-part token counts.
 
-    ``prompt_tokens == scaffold_len + sum(chunk_token_counts) + question_tokens + framing_tokens``
-    where ``framing_tokens`` are the template tokens after the question (user-turn
-    end + assistant header); the template tokens before it are inside the scaffold.
+    ``prompt_tokens == scaffold_len + history_tokens + sum(chunk_token_counts) + question_tokens
+    + framing_tokens`` where ``framing_tokens`` are the template tokens after the question
+    (user-turn end + assistant header), ``history_tokens`` the conversation between the
+    scaffold and the chunks (0 without one); the template tokens before it are inside the
+    scaffold.
     """
 
     ids: list[int]
@@ -147,11 +164,12 @@ class Prompt:
     prompt_hash: str
     scaffold_hash: str = ""
     messages: list[dict[str, str]] = field(default_factory=list)
+    history_tokens: int = 0
 
     def prompt_tokens_for(self, k: int) -> int:
         """Token count of the same prompt with only the first ``k`` chunks."""
-        return (self.scaffold_len + sum(self.chunk_token_counts[:k]) + self.question_tokens
-                + self.framing_tokens)
+        return (self.scaffold_len + self.history_tokens + sum(self.chunk_token_counts[:k])
+                + self.question_tokens + self.framing_tokens)
 
 
 class PromptBuilder:
@@ -178,16 +196,20 @@ class PromptBuilder:
                 value = getattr(hf, attr, None)
                 if isinstance(value, str):
                     specials[attr] = value
+        self.turns: TurnFraming | None = None
         if self.template.source is None:
             self.framing = plain_framing(tokenizer)
         else:
             self.framing = derive_framing(self.template.source, specials)
+            self.turns = derive_turn_framing(self.template.source, specials, self.framing.system_supported)
         nl = tokenizer.encode("\n")
         # SentencePiece adds a prefix space at the start of every encode; encode after a newline instead.
         self._nl_ids = nl if tokenizer.encode("\nx")[len(nl):] != tokenizer.encode("x") else []
         f = self.framing
-        self._control_ids = {s: self._encode_control(s)
-                             for s in (f.system_prefix, f.system_to_user, f.user_suffix)}
+        controls = [f.system_prefix, f.system_to_user, f.user_suffix]
+        if self.turns is not None:
+            controls += [self.turns.user_to_assistant, self.turns.assistant_to_user]
+        self._control_ids = {s: self._encode_control(s) for s in controls}
         self._check_markers()
         self.end_of_turn_ids = self._end_of_turn()
         self._scaffolds: dict[str, list[int]] = {}
@@ -259,15 +281,17 @@ class PromptBuilder:
 
     # --- segments -----------------------------------------------------------------------
     @staticmethod
-    def chunk_segment(rank: int, chunk: PromptChunk) -> str:
+    def chunk_segment(rank: int, chunk: PromptChunk, after_text: bool = False) -> str:
         """The labelled text of the chunk at 1-based ``rank``.
 
         The blank line between parts opens the next segment instead of closing the
         previous one: byte-level BPE pre-tokenisers split ``"\\n\\n["`` differently
         from a trailing ``"\\n\\n"``, so this way the ids match what the model's
-        own chat template would produce for the same text.
+        own chat template would produce for the same text. ``after_text``: the
+        user turn already holds text (client instructions, an earlier user
+        message), so the first chunk opens with a blank line too.
         """
-        sep = "\n\n" if rank > 1 else ""
+        sep = "\n\n" if rank > 1 or after_text else ""
         return f"{sep}[{rank}] (doc {chunk.document_id} v{chunk.version})\n{chunk.text}"
 
     @staticmethod
@@ -288,20 +312,54 @@ class PromptBuilder:
             self._scaffolds[scaffold_text] = ids
         return list(ids)
 
-    def build(self, scaffold_text: str, chunks: list[PromptChunk], question: str) -> Prompt:
-        """Lay out ``[scaffold][chunks in rank order][question][assistant header]`` as ids.
+    def history_segments(self, history: list[Turn]) -> tuple[list[int], list[dict[str, str]], str]:
+        """Ids of the conversation between scaffold and chunks (:func:`app.conversation.prompt_turns`).
+
+        Returns ``(ids, turns, open_text)``: ``turns`` are the closed chat turns
+        (``{"role", "content"}``) for backends that take messages; ``open_text`` is
+        the text the last user turn already holds before the chunks ("" when none).
+
+        Raises:
+            InvalidInput (``unsupported_role``): a role other than system, developer,
+                user or assistant.
+            InvalidConfig: there are assistant turns and the chat template cannot render them.
+        """
+        merged = prompt_turns(history)
+        if any(t.role == "assistant" for t in merged) and self.turns is None:
+            raise InvalidConfig("the model's chat template cannot render earlier assistant turns")
+        ids: list[int] = []
+        closed: list[dict[str, str]] = []
+        for i, turn in enumerate(merged):
+            ids += self.encode_plain(turn.content)
+            if i + 1 < len(merged) or turn.role == "assistant":
+                assert self.turns is not None
+                ids += self._control_ids[self.turns.assistant_to_user if turn.role == "assistant"
+                                         else self.turns.user_to_assistant]
+                closed.append(turn.to_dict())
+        open_text = merged[-1].content if merged and merged[-1].role == "user" else ""
+        return ids, closed, open_text
+
+    def build(self, scaffold_text: str, chunks: list[PromptChunk], question: str,
+              history: list[Turn] | None = None) -> Prompt:
+        """Lay out ``[scaffold][conversation][chunks in rank order][question][assistant header]`` as ids.
+
+        ``history``: the messages before the question (system/developer messages and
+        earlier user/assistant turns, in order), laid out as the module docstring says.
 
         Raises:
             EmptyContent: the question is blank.
+            InvalidInput, InvalidConfig: see :meth:`history_segments`.
         """
         if not question.strip():
             raise EmptyContent("the question is empty")
         scaffold = self.scaffold_ids(scaffold_text)
         ids = list(scaffold)
+        history_ids, turns, open_text = self.history_segments(list(history or []))
+        ids += history_ids
         counts: list[int] = []
-        segments: list[str] = []
+        segments: list[str] = [open_text]
         for rank, chunk in enumerate(chunks, start=1):
-            seg = self.chunk_segment(rank, chunk)
+            seg = self.chunk_segment(rank, chunk, after_text=bool(open_text))
             seg_ids = self.encode_plain(seg)
             counts.append(len(seg_ids))
             segments.append(seg)
@@ -313,16 +371,22 @@ class PromptBuilder:
         tail = self._control_ids[self.framing.user_suffix]
         ids += tail
         user = "".join(segments)
-        messages = ([{"role": "system", "content": scaffold_text}, {"role": "user", "content": user}]
-                    if self.framing.system_supported else
-                    [{"role": "user", "content": scaffold_text + self.framing.system_to_user + user}])
+        turns.append({"role": "user", "content": user})
+        if self.framing.system_supported:
+            messages = [{"role": "system", "content": scaffold_text}, *turns]
+        else:
+            first = turns[0]
+            messages = [{"role": first["role"],
+                         "content": scaffold_text + self.framing.system_to_user + first["content"]},
+                        *turns[1:]]
         return Prompt(ids=ids, scaffold_ids=scaffold, scaffold_len=len(scaffold), prompt_tokens=len(ids),
                       chunk_token_counts=counts, question_tokens=len(q_ids), framing_tokens=len(tail),
                       text=self.tokenizer.decode(ids), prompt_hash=sha256_ints(ids),
-                      scaffold_hash=sha256_text(normalize_text(scaffold_text)), messages=messages)
+                      scaffold_hash=sha256_text(normalize_text(scaffold_text)), messages=messages,
+                      history_tokens=len(history_ids))
 
     def count_tokens_for_plan(self, scaffold_text: str, chunks: list[PromptChunk],
-                              question: str) -> list[int]:
+                              question: str, history: list[Turn] | None = None) -> list[int]:
         """``[prompt_tokens with k chunks for k in 0..len(chunks)]``, equal to ``len(build(..k..).ids)``."""
-        full = self.build(scaffold_text, chunks, question)
+        full = self.build(scaffold_text, chunks, question, history)
         return [full.prompt_tokens_for(k) for k in range(len(chunks) + 1)]

@@ -39,19 +39,23 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
 
     * ``rebuild_prompt(body, hits) -> (token_ids_hash, prompt_tokens)`` rebuilds the
       prompt token for token from the recorded scaffold (looked up by hash), the
-      cited chunks ``hits`` (rank order, texts from the stored document versions)
-      and the recorded question.
+      recorded conversation (``request.messages`` before the question, format
+      version 2), the cited chunks ``hits`` (rank order, texts from the stored
+      document versions) and the recorded question.
     * ``regenerate(body) -> {"token_ids", "token_ids_hash", "text", "environment"}``
       generates again with the recorded parameters (greedy unless a seed was
-      recorded) on that rebuilt prompt.
+      recorded) on that rebuilt prompt, cut at the recorded stop strings exactly as
+      the answer was (:class:`generation.stopping.StopMatcher`).
 
     Raises (from the hooks):
         NotFound: the recorded scaffold is not in the database.
     """
+    from app.conversation import Turn
     from app.prompt import PromptChunk, scaffold_by_hash
     from foundation.errors import BackendError, NotFound
     from foundation.hashing import sha256_ints
     from generation.base import GenParams
+    from generation.stopping import StopMatcher
 
     def _prompt(body: dict[str, Any], hits: list[Any]) -> Any:
         sc = body["scaffold"]
@@ -62,7 +66,9 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
         builder = services.prompt_builder
         chunks = [PromptChunk(document_id=_attr(h, "document_id"), version=_attr(h, "version"),
                               text=_attr(h, "text")) for h in hits]
-        return builder.build(row.text, chunks, body["question"])
+        messages = (body.get("request") or {}).get("messages") or []
+        history = [Turn(m["role"], m["content"]) for m in messages[:-1]]
+        return builder.build(row.text, chunks, body["question"], history)
 
     def rebuild_prompt(body: dict[str, Any], hits: list[Any]) -> tuple[str, int]:
         prompt = _prompt(body, hits)
@@ -77,12 +83,27 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
         p = body["generator"]["params"]
         params = GenParams(max_new_tokens=int(p["max_new_tokens"]), temperature=float(p["temperature"]),
                            top_p=float(p["top_p"]), seed=p.get("seed"))
-        text = "".join(ev.text for ev in gen.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids,
-                                                     params=params, messages=prompt.messages or None))
+        stopper, events, per_event = StopMatcher(list(p.get("stop") or [])), 0, True
+        stream = gen.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids, params=params,
+                            messages=prompt.messages or None)
+        try:
+            for ev in stream:
+                events += 1
+                per_event = per_event and ev.token_id >= 0
+                if stopper.feed(ev.text)[1]:
+                    break
+        finally:  # a stop leaves the stream open: close it so the backend finalises its stats
+            close = getattr(stream, "close", None)
+            if callable(close):
+                close()
+        stopper.flush()
         stats = gen.last_stats
         if stats is None:
             raise BackendError("the generator finished without reporting its output tokens")
         ids = list(stats.output_token_ids)
+        if stopper.stopped and per_event:
+            ids = ids[:events]  # as the answer recorded them: up to the token that completed the stop
+        text = stopper.released
         ident = gen.identity
         env = {f"generator.{k}": ident.get(k) for k in ("backend", "model_id", "weights_hash", "dtype",
                                                          "device")}

@@ -7,6 +7,7 @@ never here::
 
     RagBudgetError                      code
     ├── InvalidInput                    invalid_input        (bad request data)
+    │   ├── UnsupportedParameter        unsupported_parameter (a request field ragbudget refuses)
     │   ├── EmptyContent                empty_content
     │   ├── InvalidEncoding             invalid_encoding
     │   ├── UnsupportedType             unsupported_type
@@ -14,6 +15,7 @@ never here::
     │   ├── InvalidDocumentId           invalid_document_id
     │   └── InvalidConfig               invalid_config
     ├── NotFound                        not_found
+    │   ├── UnknownModel                model_not_found
     │   ├── UnknownDocument             unknown_document
     │   ├── UnknownVersion              unknown_version
     │   ├── UnknownRevision             unknown_revision
@@ -62,6 +64,15 @@ class InvalidInput(RagBudgetError):
     code = "invalid_input"
 
 
+class UnsupportedParameter(InvalidInput):
+    """A request field (or value) that ragbudget does not honour, refused rather than ignored.
+
+    ``details["param"]`` names the field, as a path (``"n"``, ``"messages[2].content[0].type"``).
+    """
+
+    code = "unsupported_parameter"
+
+
 class EmptyContent(InvalidInput):
     """A document with no visible text after extraction and normalisation."""
 
@@ -102,6 +113,12 @@ class NotFound(RagBudgetError):
     """The named object does not exist."""
 
     code = "not_found"
+
+
+class UnknownModel(NotFound):
+    """A model id this server does not serve (``GET /v1/models`` lists those it does)."""
+
+    code = "model_not_found"
 
 
 class UnknownDocument(NotFound):

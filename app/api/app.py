@@ -19,6 +19,7 @@ from app.api import (
     routes_keys,
     routes_latency,
     routes_metrics,
+    routes_models,
     routes_receipts,
     routes_retrieval,
 )
@@ -40,6 +41,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     routes_latency.router,
     routes_answer.router,
     routes_chat.router,
+    routes_models.router,
     routes_receipts.router,
     routes_keys.router,
     routes_metrics.router,

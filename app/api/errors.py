@@ -1,4 +1,13 @@
-"""HTTP mapping of ragbudget errors: status codes live here and nowhere else."""
+"""HTTP mapping of ragbudget errors: status codes live here and nowhere else.
+
+Every error body is ``{"error": {"code", "message", "details"}}``. The routes
+that speak OpenAI's wire format (:data:`OPENAI_PATHS`: ``/v1/chat/completions``,
+``/v1/models``) answer in OpenAI's error shape as well, so OpenAI clients read
+them: the same object also carries ``type`` (``invalid_request_error``, ...)
+and ``param`` (the offending field, e.g. ``"n"`` or ``"messages[1].role"``, or
+null), and a request error is 400 there, as OpenAI answers it, where the other
+routes answer 422.
+"""
 
 from __future__ import annotations
 
@@ -20,9 +29,11 @@ from foundation.errors import (
     RagBudgetError,
     TooLarge,
     Unauthenticated,
+    UnsupportedParameter,
 )
 
 STATUS: list[tuple[type[RagBudgetError], int]] = [
+    (UnsupportedParameter, 400),
     (TooLarge, 413),
     (InvalidInput, 422),
     (NotFound, 404),
@@ -48,10 +59,53 @@ def error_body(code: str, message: str, details: object | None = None) -> dict[s
     return {"error": {"code": code, "message": message, "details": details or {}}}
 
 
+#: Path prefixes of the OpenAI-compatible routes (OpenAI's error shape, 400 for request errors).
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/models")
+_OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+
+
+def is_openai_path(path: str) -> bool:
+    """True for the routes that speak OpenAI's wire format (see the module docstring)."""
+    return any(path == p or path.startswith(p + "/") for p in OPENAI_PATHS)
+
+
+def openai_error(status: int, code: str, message: str, details: dict[str, Any] | None = None,
+                 param: str | None = None) -> tuple[int, dict[str, object]]:
+    """``(status, body)`` in OpenAI's error shape plus ragbudget's ``details``.
+
+    ``{"error": {"message", "type", "param", "code", "details"}}``; ``type`` is
+    ``invalid_request_error`` for 4xx (``authentication_error`` 401, ``permission_error``
+    403, ``rate_limit_error`` 429) and ``server_error`` for 5xx; 422 becomes 400.
+    """
+    details = dict(details or {})
+    if param is None:
+        found = details.get("param", details.get("field"))
+        param = str(found) if found is not None else None
+    status = 400 if status == 422 else status
+    kind = "server_error" if status >= 500 else _OPENAI_TYPES.get(status, "invalid_request_error")
+    return status, {"error": {"message": message, "type": kind, "param": param, "code": code,
+                              "details": details}}
+
+
+def loc_param(loc: list[Any]) -> str | None:
+    """A validation error's location as a field path: ``["body", "messages", 0, "role"]`` ->
+    ``"messages[0].role"``; None for the body as a whole."""
+    parts = [p for p in loc if p not in ("body", "query", "header", "path")]
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
+
+
 class ErrorDetail(BaseModel):
     code: str = Field(..., description="Stable machine-readable code, e.g. unauthenticated, invalid_k")
     message: str
     details: dict[str, Any]
+    type: str | None = Field(None, description="OpenAI-compatible routes only: invalid_request_error, "
+                                               "authentication_error, permission_error, rate_limit_error "
+                                               "or server_error")
+    param: str | None = Field(None, description="OpenAI-compatible routes only: the offending field, "
+                                                "e.g. n or messages[1].role (null when none)")
 
 
 class ErrorEnvelope(BaseModel):
@@ -75,29 +129,37 @@ def install_error_handlers(app: FastAPI) -> None:
     """Map ``RagBudgetError``, request validation errors and Starlette's own HTTP errors
     (unparseable body, unknown path) to the JSON error envelope."""
 
+    def respond(req: Request, status: int, code: str, message: str, details: dict[str, Any],
+                headers: dict[str, str] | None = None, param: str | None = None) -> JSONResponse:
+        if is_openai_path(req.url.path):
+            status, body = openai_error(status, code, message, details, param)
+            return JSONResponse(body, status_code=status, headers=headers)
+        return JSONResponse(error_body(code, message, details), status_code=status, headers=headers)
+
     @app.exception_handler(RagBudgetError)
-    async def _ragbudget_error(_req: Request, exc: RagBudgetError) -> JSONResponse:
+    async def _ragbudget_error(req: Request, exc: RagBudgetError) -> JSONResponse:
         headers = {}
         if isinstance(exc, Busy):
             headers["Retry-After"] = str(max(1, int(round(exc.retry_after_s))))
         if isinstance(exc, Unauthenticated):
             headers["WWW-Authenticate"] = "Bearer"
-        return JSONResponse(error_body(exc.code, exc.message, exc.details),
-                            status_code=status_for(exc), headers=headers)
+        return respond(req, status_for(exc), exc.code, exc.message, exc.details, headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_req: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(req: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")),
                    "type": str(e.get("type", ""))} for e in exc.errors()]
         if any(e["type"] == "json_invalid" for e in errors):
             # The body is not JSON at all: a syntax error, not a schema violation.
-            return JSONResponse(error_body("malformed_body", "request body is not valid JSON",
-                                           {"errors": errors}), status_code=400)
-        return JSONResponse(error_body("invalid_request", "request failed validation",
-                                       {"errors": errors}), status_code=422)
+            return respond(req, 400, "malformed_body", "request body is not valid JSON", {"errors": errors})
+        first = errors[0] if errors else {"loc": [], "msg": ""}
+        param = loc_param(list(first["loc"]))
+        message = ("request failed validation" if param is None
+                   else f"request failed validation: {param}: {first['msg']}")
+        return respond(req, 422, "invalid_request", message, {"errors": errors}, param=param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(req: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "http_error")
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return respond(req, exc.status_code, code, str(exc.detail), {},
+                       headers=getattr(exc, "headers", None))

@@ -1,8 +1,16 @@
-"""OpenAI-compatible ``POST /v1/chat/completions`` with the RAG pipeline on the last user message.
+"""OpenAI-compatible ``POST /v1/chat/completions`` answered by the RAG pipeline.
 
 Follows the OpenAI Chat Completions wire format (stream and non-stream,
-``stream_options.include_usage``) so the official ``openai`` client works
-unmodified. Extras: the TTFT budget as body field ``ttft_budget_ms`` or header
+``stream_options.include_usage``) so the official ``openai`` client, LangChain's
+``ChatOpenAI`` and LlamaIndex's ``OpenAILike`` work unmodified. Every request
+field is honoured or refused with 400 in OpenAI's error shape
+(:mod:`app.api.chat_request`); ``model`` is one of ``GET /v1/models``.
+
+The last message is the question; the system messages and earlier turns go into
+the prompt after the cached scaffold (:mod:`app.conversation`), and retrieval
+embeds the question with the earlier user messages. ``stop`` ends the answer at
+the first stop string in the decoded text (not returned; ``finish_reason``
+``"stop"``). Extras: the TTFT budget as body field ``ttft_budget_ms`` or header
 ``X-TTFT-Budget-Ms`` (default: settings), and the answer's receipt id in the
 ``ragbudget`` field of the response / final chunk and the
 ``X-Ragbudget-Receipt-Id`` header (non-streaming).
@@ -19,60 +27,17 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from app.answer_types import Answer, AnswerTimings, Citation, PredictedTTFT
+from app.api.chat_request import ChatCompletionCreate, to_chat_request
 from app.api.deps import require_role
-from app.api.routes_answer import MAX_REVISION, SSE_RESPONSE, get_pipeline
+from app.api.routes_answer import SSE_RESPONSE, get_pipeline
+from app.api.routes_models import check_model
 from app.api.streaming import iterate_in_thread
 from app.pipeline import AnswerEvent, AnswerPipeline, AnswerRequest
-from foundation.errors import InvalidInput
 
 router = APIRouter(tags=["openai"])
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-    role: str
-    content: str | list[dict[str, Any]] | None = None
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True)  # JSON types as documented: no true -> 1, no "5" -> 5
-    include_usage: bool = False
-
-
-class ChatCompletionCreate(BaseModel):
-    """The subset of the OpenAI request ragbudget honours; unknown fields are ignored."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-    model: str = "ragbudget"
-    messages: list[ChatMessage] = Field(..., min_length=1)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    ttft_budget_ms: float | None = None
-    revision: int | None = Field(None, ge=1, le=MAX_REVISION)
-
-
-def last_user_text(messages: list[ChatMessage]) -> str:
-    """The text of the last ``user`` message (text parts joined).
-
-    Raises:
-        InvalidInput (``no_user_message``): there is no user message with text.
-    """
-    for m in reversed(messages):
-        if m.role != "user":
-            continue
-        if isinstance(m.content, str):
-            return m.content
-        if isinstance(m.content, list):
-            return "".join(str(p.get("text", "")) for p in m.content if p.get("type") == "text")
-    raise InvalidInput("no user message with text content", code="no_user_message")
 
 
 class PromptTokensDetails(BaseModel):
@@ -143,10 +108,10 @@ def _extra(summary: Answer) -> RagbudgetExtra:
     return RagbudgetExtra.model_validate(summary.model_dump(include=set(RagbudgetExtra.model_fields)))
 
 
-def _finish_reason(summary: Answer, max_new: int) -> Literal["stop", "length"]:
-    if summary.status != "ok":
-        return "stop"
-    return "length" if summary.tokens.output >= max_new else "stop"
+def _finish_reason(summary: Answer) -> Literal["stop", "length"]:
+    """OpenAI's ``finish_reason``: ``length`` when the token limit ended the answer, else ``stop`` (a
+    stop string, the end of sequence; also a cancelled or failed answer, which has no OpenAI reason)."""
+    return "length" if summary.finish_reason == "length" else "stop"
 
 
 @router.post("/v1/chat/completions", dependencies=[Depends(require_role("copilot"))],
@@ -154,18 +119,21 @@ def _finish_reason(summary: Answer, max_new: int) -> Literal["stop", "length"]:
 async def chat_completions(body: ChatCompletionCreate, request: Request, response: Response,
                            x_ttft_budget_ms: float | None = Header(None),
                            pipeline: AnswerPipeline = Depends(get_pipeline)) -> Any:
-    """OpenAI chat completion answered by the RAG pipeline (see module docstring).
+    """OpenAI chat completion answered by the RAG pipeline (see the module docstring).
 
-    Errors: 422 (``no_user_message``, ``invalid_budget``, ...), 429 ``busy``.
+    Errors (OpenAI's shape, ``param`` naming the field): 400 ``unsupported_parameter``
+    (``n`` > 1, tools, a response format other than text, logprobs, image or audio
+    parts, tool roles, unknown fields), 400 ``invalid_message`` / ``invalid_stop`` /
+    ``last_message_not_user`` / ``empty_question`` / ``invalid_budget`` / ...,
+    404 ``model_not_found``, 413 ``question_too_long``, 429 ``busy``.
     """
     arrival = time.perf_counter()
-    settings = pipeline.settings
-    max_new = body.max_completion_tokens or body.max_tokens or settings.default_max_new_tokens
-    budget = body.ttft_budget_ms if body.ttft_budget_ms is not None else x_ttft_budget_ms
-    req = AnswerRequest(question=last_user_text(body.messages), ttft_budget_ms=budget,
-                        max_new_tokens=max_new, revision=body.revision,
-                        temperature=body.temperature or 0.0,
-                        top_p=body.top_p if body.top_p is not None else 1.0, seed=body.seed)
+    chat = to_chat_request(body)
+    check_model(pipeline.services, chat.model)
+    budget = chat.ttft_budget_ms if chat.ttft_budget_ms is not None else x_ttft_budget_ms
+    req = AnswerRequest(question=chat.question, ttft_budget_ms=budget, max_new_tokens=chat.max_new_tokens,
+                        revision=chat.revision, temperature=chat.temperature, top_p=chat.top_p,
+                        seed=chat.seed, history=chat.history, stop=chat.stop, user=chat.user)
     cid = "chatcmpl-" + uuid.uuid4().hex
     created = int(time.time())
     cancel = threading.Event()
@@ -173,7 +141,7 @@ async def chat_completions(body: ChatCompletionCreate, request: Request, respons
                                cancel, request)
     first: AnswerEvent = await events.__anext__()
 
-    if not body.stream:
+    if not chat.stream:
         final = first
         async for ev in events:
             final = ev
@@ -181,15 +149,15 @@ async def chat_completions(body: ChatCompletionCreate, request: Request, respons
         assert s is not None, "the pipeline ends every stream with a summary"
         response.headers["X-Ragbudget-Receipt-Id"] = s.receipt_id or ""
         return ChatCompletion(
-            id=cid, created=created, model=body.model,
+            id=cid, created=created, model=chat.model,
             choices=[ChatChoice(message=AssistantMessage(content=s.text),
-                                finish_reason=_finish_reason(s, max_new))],
+                                finish_reason=_finish_reason(s))],
             usage=_usage(s), ragbudget=_extra(s))
 
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    include_usage = chat.include_usage
 
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-        obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": body.model,
+        obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": chat.model,
                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
         obj.update(extra)
         return f"data: {json.dumps(obj, ensure_ascii=False, default=str)}\n\n".encode()
@@ -208,11 +176,11 @@ async def chat_completions(body: ChatCompletionCreate, request: Request, respons
                         err_obj = s.error.model_dump() if s.error is not None else None
                         err = {"error": {"code": "generation_failed", "message": str(err_obj)}}
                         yield f"data: {json.dumps(err)}\n\n".encode()
-                    yield chunk({}, _finish_reason(s, max_new),
+                    yield chunk({}, _finish_reason(s),
                                 ragbudget=_extra(s).model_dump(mode="json"))
                     if include_usage:
                         usage = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                                 "model": body.model, "choices": [],
+                                 "model": chat.model, "choices": [],
                                  "usage": _usage(s).model_dump(mode="json")}
                         yield f"data: {json.dumps(usage)}\n\n".encode()
                 ev = await anext(events, None)

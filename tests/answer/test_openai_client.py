@@ -26,7 +26,7 @@ def client(live_server: Any) -> Any:
 def _create(client: Any, **kw: Any) -> Any:
     return client.chat.completions.create(
         model="ragbudget", max_tokens=MAX_TOKENS,
-        messages=[{"role": "system", "content": "ignored by the RAG pipeline"},
+        messages=[{"role": "system", "content": "Answer in one short paragraph."},
                   {"role": "user", "content": QUESTION}],
         extra_body={"ttft_budget_ms": BUDGET_MS}, **kw)
 

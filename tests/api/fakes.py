@@ -70,23 +70,25 @@ class EchoGenerator:
             self._cached.add(prefix)
         ids: list[int] = []
         first = last = None
-        finish = "stop"
-        for i, ch in enumerate(self.reply[: params.max_new_tokens]):
-            if cancel is not None and cancel.is_set():
-                finish = "cancelled"
-                break
-            t = time.perf_counter()
-            first = first if first is not None else t
-            last = t
-            ids.append(ord(ch))
-            yield TokenEvent(index=i, token_id=ord(ch), text=ch, t=t)
-        else:
-            finish = "length" if len(self.reply) > params.max_new_tokens else "stop"
-        self.last_stats = GenerationStats(
-            prompt_tokens=len(prompt_ids), cached_tokens=cached, computed_tokens=len(prompt_ids) - cached,
-            output_token_ids=ids, finish_reason=finish,  # type: ignore[arg-type]
-            prefill_ms=0.1, first_token_t=first, last_token_t=last, first_text_t=first, start_t=start,
-            params=params)
+        finish = "cancelled"  # unless the loop below ends on its own (closed early: a consumer stopped)
+        try:
+            for i, ch in enumerate(self.reply[: params.max_new_tokens]):
+                if cancel is not None and cancel.is_set():
+                    break
+                t = time.perf_counter()
+                first = first if first is not None else t
+                last = t
+                ids.append(ord(ch))
+                yield TokenEvent(index=i, token_id=ord(ch), text=ch, t=t)
+            else:
+                finish = "length" if len(self.reply) > params.max_new_tokens else "stop"
+        finally:  # like the real backends: this answer's stats on every path
+            self.last_stats = GenerationStats(
+                prompt_tokens=len(prompt_ids), cached_tokens=cached,
+                computed_tokens=len(prompt_ids) - cached, output_token_ids=ids,
+                finish_reason=finish,  # type: ignore[arg-type]
+                prefill_ms=0.1, first_token_t=first, last_token_t=last, first_text_t=first, start_t=start,
+                params=params)
 
     def prefix_cached(self, prefix_ids: list[int]) -> bool:
         return tuple(prefix_ids) in self._cached

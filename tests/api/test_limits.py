@@ -1,5 +1,7 @@
 """Request limits: each is configurable, refused with 413 or 422 and a code, and its value is allowed.
 
+The OpenAI-compatible chat route answers a request error with 400 (OpenAI's status) instead of 422.
+
 The app here runs with small limits so every boundary is cheap to cross.
 """
 
@@ -65,23 +67,24 @@ REFUSED = [
     ("POST", "/v1/retrieve", {"query": Q, "k": 5}, None, None, 422, "invalid_k"),
     ("POST", "/v1/retrieve", {"query": Q, "k": 0}, None, None, 422, "invalid_k"),
     ("POST", "/v1/answer", {"question": Q, "max_new_tokens": 9}, None, None, 422, "invalid_max_new_tokens"),
-    ("POST", "/v1/chat/completions", chat(max_tokens=9), None, None, 422, "invalid_max_new_tokens"),
-    ("POST", "/v1/chat/completions", chat(max_completion_tokens=9), None, None, 422,
+    ("POST", "/v1/chat/completions", chat(max_tokens=9), None, None, 400, "invalid_max_new_tokens"),
+    ("POST", "/v1/chat/completions", chat(max_completion_tokens=9), None, None, 400,
      "invalid_max_new_tokens"),
     ("POST", "/v1/answer", {"question": Q, "ttft_budget_ms": 4.9}, None, None, 422, "invalid_budget"),
     ("POST", "/v1/answer", {"question": Q, "ttft_budget_ms": 10_000.5}, None, None, 422, "invalid_budget"),
     ("POST", "/v1/advise", {"question": Q, "ttft_budget_ms": -1}, None, None, 422, "invalid_budget"),
     ("GET", "/v1/advise/curve", None, {"question": Q, "ttft_budget_ms": 0}, None, 422, "invalid_budget"),
-    ("POST", "/v1/chat/completions", chat(ttft_budget_ms=1e9), None, None, 422, "invalid_budget"),
-    ("POST", "/v1/chat/completions", chat(), None, {"X-TTFT-Budget-Ms": "0"}, 422, "invalid_budget"),
+    ("POST", "/v1/chat/completions", chat(ttft_budget_ms=1e9), None, None, 400, "invalid_budget"),
+    ("POST", "/v1/chat/completions", chat(), None, {"X-TTFT-Budget-Ms": "0"}, 400, "invalid_budget"),
     # out-of-range integers are refused by the schema, never reach the database (no 500)
     ("POST", "/v1/answer", {"question": Q, "revision": HUGE}, None, None, 422, "invalid_request"),
     ("POST", "/v1/advise", {"question": Q, "ttft_budget_ms": 500, "revision": HUGE}, None, None, 422,
      "invalid_request"),
     ("GET", "/v1/advise/curve", None, {"question": Q, "revision": HUGE}, None, 422, "invalid_request"),
-    ("POST", "/v1/chat/completions", chat(revision=HUGE), None, None, 422, "invalid_request"),
+    ("POST", "/v1/chat/completions", chat(revision=HUGE), None, None, 400, "invalid_request"),
     ("POST", "/v1/retrieve", {"query": Q, "k": 1, "revision": HUGE}, None, None, 422, "invalid_request"),
     ("POST", "/v1/answer", {"question": Q, "seed": True}, None, None, 422, "invalid_request"),
+    ("POST", "/v1/answer", {"question": Q, "seed": 2**53}, None, None, 422, "invalid_request"),
     # an empty question is the same error whether it is "" or blank, on every route
     ("POST", "/v1/answer", {"question": ""}, None, None, 422, "empty_question"),
     ("POST", "/v1/answer", {"question": "   "}, None, None, 422, "empty_question"),
@@ -112,7 +115,7 @@ ACCEPTED = [
     ("POST", "/v1/retrieve", {"query": "q" * 100, "k": 4}, None),
     # the budget is optional everywhere: the configured default applies
     ("POST", "/v1/advise", {"question": Q}, None),
-    # OpenAI clients send fields ragbudget does not use; the chat route accepts them
+    # OpenAI fields at the value that changes nothing are accepted; `user` is honoured (recorded)
     ("POST", "/v1/chat/completions", chat(presence_penalty=0.0, user="u1"), None),
 ]
 

@@ -35,6 +35,8 @@ ROUTE_ROLES: dict[tuple[str, str], str] = {
     ("POST", "/v1/advise"): "copilot",
     ("GET", "/v1/advise/curve"): "copilot",
     ("POST", "/v1/chat/completions"): "copilot",
+    ("GET", "/v1/models"): "copilot",
+    ("GET", "/v1/models/{model_id:path}"): "copilot",
     ("POST", "/v1/retrieve"): "copilot",
     ("GET", "/v1/revisions"): "copilot",
     ("GET", "/v1/revisions/{number}"): "copilot",
@@ -75,7 +77,8 @@ ROUTE_ROLES: dict[tuple[str, str], str] = {
 
 # A harmless value for each path parameter: the handler answers 404 or 422 at worst.
 PATH_VALUES = {"number": "999", "profile_id": "sha256:" + "0" * 64, "document_id:path": "no/such.txt",
-               "version": "1", "receipt_id": "rcpt_missing", "key_id": "0000000000000000"}
+               "version": "1", "receipt_id": "rcpt_missing", "key_id": "0000000000000000",
+               "model_id:path": "ragbudget"}
 UNAUTHENTICATED = ("none", "malformed", "unknown", "revoked")
 CALLERS = (*UNAUTHENTICATED, *ROLES)
 
