@@ -18,7 +18,7 @@ stops exactly where the answer did.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from foundation.errors import InvalidInput
@@ -123,19 +123,3 @@ class StopMatcher:
                     break
         return hold
 
-
-def cut_at_stop(deltas: Iterable[str], stops: Sequence[str]) -> tuple[str, str | None, int]:
-    """Run ``deltas`` through a :class:`StopMatcher`; consume no delta after the stop.
-
-    Returns:
-        ``(text, matched stop or None, deltas consumed)``.
-    """
-    matcher = StopMatcher(list(stops))
-    consumed = 0
-    for delta in deltas:
-        consumed += 1
-        _, stopped = matcher.feed(delta)
-        if stopped:
-            break
-    matcher.flush()
-    return matcher.released, matcher.matched, consumed

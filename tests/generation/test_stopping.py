@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from foundation.errors import InvalidInput
-from generation.stopping import StopMatcher, cut_at_stop, normalize_stop
+from generation.stopping import StopMatcher, normalize_stop
 
 
 def run(deltas: list[str], stops: list[str]) -> tuple[list[str], str, str | None]:
@@ -57,18 +57,6 @@ def test_end_of_stream_releases_a_held_prefix() -> None:
 def test_nothing_is_released_after_a_stop() -> None:
     m = StopMatcher(["."])
     assert m.feed("a.b") == ("a", True) and m.feed("c") == ("", True) and m.flush() == ""
-
-
-def test_cut_at_stop_consumes_no_delta_after_the_stop() -> None:
-    consumed: list[str] = []
-
-    def deltas():
-        for d in ["one", ". two", ". three"]:
-            consumed.append(d)
-            yield d
-
-    assert cut_at_stop(deltas(), ["."]) == ("one", ".", 2)
-    assert consumed == ["one", ". two"]
 
 
 @pytest.mark.parametrize(("stop", "expected"), [(None, []), (".", ["."]), (["a", "bc"], ["a", "bc"])])
