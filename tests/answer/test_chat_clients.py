@@ -70,16 +70,33 @@ def test_stopped_answer_replays_identically(client, answer_services):
 
 
 def test_system_message_and_history_reach_the_model_and_the_receipt(client, answer_services):
+    from app.conversation import Turn
+    from app.prompt import PromptBuilder, PromptChunk, scaffold_by_hash
+    from app.receipt_wiring import replay_receipt
+    from receipts.stored import stored_hits
+
     case = _case("system_and_history.json")
     resp = _ask(client, case["messages"], max_tokens=case["max_tokens"])
     alone = _ask(client, case["messages"][-1:], max_tokens=case["max_tokens"])
-    assert resp.usage.prompt_tokens > alone.usage.prompt_tokens + 20  # system text and two turns
+    # the scaffold is still the cached prefix with a conversation after it
     assert resp.usage.prompt_tokens_details.cached_tokens == alone.usage.prompt_tokens_details.cached_tokens
     body = receipt_body(answer_services, resp.model_extra["ragbudget"]["receipt_id"])
     assert body["request"]["messages"] == case["messages"]
-    assert body["retrieval"]["query"].startswith("And what is its default?\nWhat does max_wal_senders")
-    from app.receipt_wiring import replay_receipt
-
+    assert body["retrieval"]["query"] == "And what is its default?\nWhat does max_wal_senders control?"
+    # What the model was shown (the prompt whose token-id hash the receipt records) holds the
+    # system text and both earlier turns, between the scaffold and the sources.
+    engine = answer_services.engine
+    hits, problems = stored_hits(engine, body)
+    assert not problems
+    prompt = PromptBuilder.for_tokenizer(answer_services.tokenizer).build(
+        scaffold_by_hash(engine, body["scaffold"]["hash"]).text,
+        [PromptChunk(h.document_id, h.version, h.text) for h in hits], body["question"],
+        [Turn(m["role"], m["content"]) for m in body["request"]["messages"][:-1]])
+    assert (prompt.prompt_hash, prompt.prompt_tokens) == (body["prompt"]["token_ids_hash"],
+                                                          body["prompt"]["prompt_tokens"])
+    shown = prompt.text[len(answer_services.tokenizer.decode(prompt.scaffold_ids)):]
+    assert shown.index("#orca7") < shown.index("max_wal_senders control?") \
+        < shown.index("concurrent WAL sender processes.") < shown.index("Question: And what is its default?")
     report = replay_receipt(answer_services, body["id"])
     assert report.ok and report.check("prompt").status == "ok", report.render()
 
@@ -124,17 +141,22 @@ def test_image_part_and_unknown_model_are_refused(client):
     assert missing.value.code == "model_not_found"
 
 
-def test_a_follow_up_retrieves_its_topics_pages(client, answer_services):
-    first = "What does autovacuum_naptime control?"
-    follow_up = "And what is its default value?"
+@pytest.mark.parametrize(("first", "follow_up", "page"), [
+    ("What does ANALYZE collect?", "Does it lock the table?", "sql-analyze.html"),
+    ("How do BRIN indexes work?", "When should I use it?", "indexes-types.html"),
+])
+def test_a_follow_up_retrieves_its_topics_pages(client, answer_services, first, follow_up, page):
+    """Alone, the follow-up names no topic and retrieval goes elsewhere; after its first question
+    (sent as history, as a chat UI does) the top candidate is the topic's page."""
     alone = _ask(client, [{"role": "user", "content": follow_up}], max_tokens=1)
     within = _ask(client, [{"role": "user", "content": first},
-                           {"role": "assistant", "content": "The delay between autovacuum runs."},
+                           {"role": "assistant", "content": "Let me explain."},
                            {"role": "user", "content": follow_up}], max_tokens=1)
     body = receipt_body(answer_services, within.model_extra["ragbudget"]["receipt_id"])
     alone_body = receipt_body(answer_services, alone.model_extra["ragbudget"]["receipt_id"])
-    assert body["candidates"][0]["document_id"] == "runtime-config-autovacuum.html"
-    assert alone_body["candidates"][0]["document_id"] != "runtime-config-autovacuum.html"
+    assert body["retrieval"]["query"] == f"{follow_up}\n{first}"
+    assert body["candidates"][0]["document_id"] == page
+    assert alone_body["candidates"][0]["document_id"] != page
 
 
 def test_shared_jcs_check_matches_a_real_answers_receipt(client, answer_services, tmp_path):

@@ -20,6 +20,7 @@ from app.db import open_database
 from app.settings import get_settings
 from receipts.chain import append_receipt
 from receipts.replay import replay
+from receipts.schema import build_receipt_body
 from receipts.synthetic import sections
 from receipts.verify import verify_chain
 from retrieval.extract import html_to_text
@@ -98,7 +99,7 @@ def test_receipt_from_15_18_replays_exactly_after_15_20(real):
                       "query_truncated": result.query_truncated, "query": QUESTION}
     token_ids_hash, n = _prompt(real, QUESTION, result.hits[:k])
     s["prompt"].update(token_ids_hash=token_ids_hash, prompt_tokens=n)
-    stored = append_receipt(engine, s)
+    stored = append_receipt(engine, build_receipt_body(**s))
     assert "app-pgdump.html" in {h.document_id for h in result.hits[:k]}
 
     report15_20 = _ingest(real, real["new"])
