@@ -28,10 +28,10 @@ from receipts.chain import append_receipt, get_receipt, receipt_hash
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.replay import check_chain
 from receipts.schema import FORMAT_VERSION, build_receipt_body
+from receipts.synthetic import candidate, sections
 from receipts.verify import verify_chain
 from retrieval.chunking import chunk_id
 from tests.conftest import CASES
-from receipts.synthetic import candidate, sections
 
 REPO = Path(__file__).resolve().parents[2]
 V1_FIXTURE = Path(__file__).parent / "data" / "receipts_v1.json"
