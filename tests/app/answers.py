@@ -18,7 +18,7 @@ def make_answer(**fields: Any) -> Answer:
         "timings": {"queue_ms": None, "ttft_ms": None, "tpot_ms": None, "retrieval_ms": None,
                     "overhead_ms": None, "total_ms": None},
         "tokens": {"prompt": 0, "cached": 0, "computed": 0, "output": 0},
-        "citations": [], "receipt_id": None,
+        "citations": [], "receipt_id": None, "finish_reason": "stop",
     }
     for key, value in fields.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
