@@ -127,7 +127,7 @@ def test_ask_summary_flags_a_budget_miss_and_not_a_kept_budget():
             predicted={"ttft_p50_ms": 500.0, "ttft_p95_ms": 600.0, "profile_source": "fitted"},
             timings={"ttft_ms": ttft_ms, "queue_ms": 0.0, "retrieval_ms": 20.0, "tpot_ms": 40.0},
             tokens={"prompt": 200, "cached": 80, "computed": 120, "output": 8},
-            citations=[{"rank": 1, "score": 0.5, "chunk_id": 1, "document_id": "a.html", "version": 1,
+            citations=[{"rank": 1, "score": 0.5, "chunk_id": "1", "document_id": "a.html", "version": 1,
                         "chunk_hash": "sha256:" + "0" * 64}],
             receipt_id="rcpt_x")
 
