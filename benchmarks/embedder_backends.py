@@ -125,7 +125,7 @@ def chunk_texts(engine: Any) -> dict[str, str]:
 def embed_phase(engine: Any, embedders: dict[str, Any], texts: dict[str, str], timings_path: Path,
                 max_groups: int) -> dict[str, dict[str, float]]:
     """Embed every group with every backend (rotated order), store the vectors; return per-backend totals."""
-    from foundation.db import read_session, write_session
+    from foundation.db import WriterLock, read_session, write_transaction
     from retrieval.embedding import insert_embeddings, stored_hashes
 
     hashes = sorted(texts)
@@ -152,7 +152,7 @@ def embed_phase(engine: Any, embedders: dict[str, Any], texts: dict[str, str], t
                 t0 = time.perf_counter()
                 vecs = emb.embed_documents([texts[h] for h in part])
                 seconds = time.perf_counter() - t0
-                with write_session(engine) as s:
+                with write_transaction(engine, WriterLock.CORPUS) as s:
                     insert_embeddings(s, emb, dict(zip(part, vecs, strict=True)))
                 log.write(json.dumps({"group": g, "backend": name, "n": len(part), "seconds": seconds,
                                       "load1": os.getloadavg()[0]}) + "\n")
