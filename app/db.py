@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from app.settings import Settings
-from foundation.db import is_sqlite, make_engine
+from foundation.db import WriterLock, is_sqlite, make_engine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -22,8 +26,34 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+@contextmanager
+def _sqlite_migration_lock(engine: Engine) -> Iterator[None]:
+    """Hold ``<database file>.migrate.lock`` (an OS file lock) for a file database.
+
+    ``BEGIN IMMEDIATE`` already serialises writers, but only within SQLite's busy
+    timeout; the file lock makes a second process wait for the first migration
+    however long it takes. An in-memory database needs no lock.
+    """
+    database = engine.url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        yield
+        return
+    fd = os.open(f"{database}.migrate.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the descriptor closes, or the process dies
+        yield
+    finally:
+        os.close(fd)
+
+
 def upgrade(engine: Engine) -> None:
     """Apply every pending migration to ``engine``'s database, in one transaction.
+
+    Serialised across processes: on PostgreSQL the transaction first takes
+    ``pg_advisory_xact_lock(WriterLock.MIGRATIONS)``, so two processes starting
+    on an empty database do not both create the tables (the second waits, then
+    finds the schema at head); on SQLite an OS file lock next to the database
+    file is held around the upgrade (and the transaction is ``BEGIN IMMEDIATE``).
 
     On PostgreSQL the DDL is transactional, so a failed migration leaves the
     schema as it was. On SQLite each migration's batch operations run inside
@@ -31,7 +61,7 @@ def upgrade(engine: Engine) -> None:
     """
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     if is_sqlite(engine):
-        with engine.connect() as conn:
+        with _sqlite_migration_lock(engine), engine.connect() as conn:
             conn.info["write"] = True
             try:
                 with conn.begin():
@@ -41,6 +71,7 @@ def upgrade(engine: Engine) -> None:
                 conn.info.pop("write", None)
     else:
         with engine.begin() as conn:
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": int(WriterLock.MIGRATIONS)})
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
 
