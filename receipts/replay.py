@@ -126,22 +126,47 @@ def _hit_tuple(hit: Any) -> dict[str, Any]:
 
 
 def check_chain(engine: Engine, row: Any, body: dict[str, Any]) -> list[Check]:
-    """Step 1: the receipt's own hash and both of its links."""
+    """Step 1: the receipt's own hash and both of its links, to its real neighbours.
+
+    The neighbours are the nearest receipts that exist (largest ``seq`` below, smallest
+    above), not ``seq - 1`` and ``seq + 1``: a deleted neighbour is reported as
+    missing receipts, never as "(head)". A receipt whose body records another
+    position than the one it is stored at (rows swapped or renumbered) fails too.
+    """
     recomputed = receipt_hash(body)
     hash_ok = recomputed == body.get("hash") == row.hash
     checks = [Check("receipt_hash", hash_ok, row.hash, recomputed,
                     "hash recomputed from the stored body" + ("" if hash_ok else " differs"))]
     with read_session(engine) as session:
-        prev = session.execute(select(ReceiptRow.hash).where(ReceiptRow.seq == row.seq - 1)).scalar()
-        nxt = session.execute(select(ReceiptRow.prev_hash).where(ReceiptRow.seq == row.seq + 1)).scalar()
-    expected_prev = GENESIS if row.seq == 1 else prev
+        prev = session.execute(select(ReceiptRow.seq, ReceiptRow.hash).where(ReceiptRow.seq < row.seq)
+                               .order_by(ReceiptRow.seq.desc()).limit(1)).first()
+        nxt = session.execute(select(ReceiptRow.seq, ReceiptRow.prev_hash).where(ReceiptRow.seq > row.seq)
+                              .order_by(ReceiptRow.seq).limit(1)).first()
     problems = []
-    if expected_prev is None:
-        problems.append(f"previous receipt {row.seq - 1} is missing")
-    elif body.get("prev_hash") != expected_prev:
+    claimed = body.get("seq")
+    if claimed != row.seq:
+        problems.append(f"the receipt stored at position {row.seq} records position {claimed!r}")
+    expected_prev: str | None
+    if row.seq == 1:
+        expected_prev = GENESIS
+    elif prev is None:
+        expected_prev = None
+        problems.append(f"previous receipt{' 1' if row.seq == 2 else f's 1..{row.seq - 1}'} missing")
+    elif prev.seq != row.seq - 1:
+        expected_prev = prev.hash
+        gap = f" {row.seq - 1}" if prev.seq == row.seq - 2 else f"s {prev.seq + 1}..{row.seq - 1}"
+        problems.append(f"previous receipt{gap} missing")
+    else:
+        expected_prev = prev.hash
+    if expected_prev is not None and body.get("prev_hash") != expected_prev and (prev is None or
+                                                                                 prev.seq == row.seq - 1):
         problems.append("prev_hash is not the previous receipt's hash")
-    if nxt is not None and nxt != row.hash:
-        problems.append("the next receipt does not link to this one")
+    if nxt is not None:
+        if nxt.seq != row.seq + 1:
+            gap = f" {row.seq + 1}" if nxt.seq == row.seq + 2 else f"s {row.seq + 1}..{nxt.seq - 1}"
+            problems.append(f"next receipt{gap} missing (next present: {nxt.seq})")
+        elif nxt.prev_hash != row.hash:
+            problems.append("the next receipt does not link to this one")
     detail = "; ".join(problems) or ("linked to the previous receipt"
                                       + (" and the next one" if nxt is not None else " (head)"))
     checks.append(Check("chain_link", not problems, expected_prev, body.get("prev_hash"), detail))

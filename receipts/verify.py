@@ -28,6 +28,7 @@ operator noted earlier, ``ragbudget receipts verify --expect-head``) detects it.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -36,7 +37,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from foundation.db import read_session
-from foundation.errors import IntegrityFailure
+from foundation.errors import IntegrityFailure, InvalidInput
 from receipts.canonical import stored_form_problem
 from receipts.chain import GENESIS, parse_body, receipt_hash
 from receipts.models import ReceiptDocument, ReceiptRow
@@ -45,6 +46,8 @@ from receipts.schema import FORMAT_VERSION, document_versions
 KINDS = ("edited", "hash_mismatch", "broken_link", "missing", "reordered")
 WINDOW = 4096  # how far back (in seq) a reordered receipt's predecessor is looked up
 COLUMNS = ("id", "status", "created_at", "prev_hash")
+MAX_BATCH_SIZE = 100_000  # receipts per query; bounds the memory of one batch
+HASH_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -212,7 +215,20 @@ def verify_chain(engine: Engine, *, batch_size: int = 1000,
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is True iff nothing was found.
+
+    Raises:
+        InvalidInput: ``batch_size`` is not an integer in ``[1, MAX_BATCH_SIZE]``, or
+            ``expected_head`` is not a ``sha256:`` + 64 lowercase hex hash. An audit
+            can never be made to pass by an option (a batch of 0 would read nothing).
     """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
+            or not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise InvalidInput(f"batch_size must be an integer in [1, {MAX_BATCH_SIZE}], got {batch_size!r}",
+                           param="batch_size")
+    if expected_head is not None and not (isinstance(expected_head, str)
+                                          and HASH_RE.fullmatch(expected_head)):
+        raise InvalidInput("expected_head must be 'sha256:' followed by 64 lowercase hex digits",
+                           param="expected_head")
     start = time.perf_counter()
     walk = _Walk(expected_head)
     after = 0

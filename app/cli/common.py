@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +51,21 @@ def seed_arg(text: str) -> int:
     if not 0 <= value <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"a seed must be in [0, 2**53 - 1], got {value}")
     return value
+
+
+def int_in_range(lo: int, hi: int) -> Callable[[str], int]:
+    """argparse ``type`` for an integer in ``[lo, hi]``; anything else is a usage error (exit 2)."""
+
+    def parse(text: str) -> int:
+        if not re.fullmatch(r"[+-]?[0-9]{1,20}", text.strip()):
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
+        value = int(text.strip())
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be in [{lo}, {hi}], got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from app.cli.common import add_json_flag, emit
+from app.cli.common import add_json_flag, emit, int_in_range
 
 EXIT_VERIFY_FAILED = 4
 
@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     v = rsub.add_parser("verify", help="walk the whole chain and locate any tampering")
     v.add_argument("--expect-head", default=None, metavar="HASH",
                    help="a head hash noted earlier; detects receipts cut from the end")
-    v.add_argument("--batch-size", type=int, default=1000)
+    v.add_argument("--batch-size", type=int_in_range(1, 100_000), default=1000,
+                   help="receipts read per query, 1..100000 (default 1000)")
     add_json_flag(v)
     v.set_defaults(func=cmd_verify)
 
