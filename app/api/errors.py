@@ -98,6 +98,14 @@ def loc_param(loc: list[Any]) -> str | None:
 
 
 class ErrorDetail(BaseModel):
+    """The ``error`` object of every 4xx/5xx body.
+
+    ``code``: stable machine-readable code (what clients branch on); ``message``: one line
+    for people (may change between versions); ``details``: code-specific context, e.g. the
+    offending ``field`` or the allowed range (may be empty); ``type`` and ``param``: set on
+    the OpenAI-compatible routes only, as OpenAI's error shape has them.
+    """
+
     code: str = Field(..., description="Stable machine-readable code, e.g. unauthenticated, invalid_k")
     message: str
     details: dict[str, Any]

@@ -51,6 +51,7 @@ class AnswerCreate(BaseModel):
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="0..2**53-1 (a JSON-safe integer)")
 
     def to_request(self) -> AnswerRequest:
+        """The pipeline's request (``app.pipeline.AnswerRequest``); ``stream`` stays with the route."""
         return AnswerRequest(question=self.question, ttft_budget_ms=self.ttft_budget_ms,
                              max_new_tokens=self.max_new_tokens, revision=self.revision,
                              k_max=self.k_max, temperature=self.temperature, top_p=self.top_p,

@@ -13,6 +13,9 @@ router = APIRouter(tags=["health"])
 
 
 class Health(BaseModel):
+    """``GET /healthz``: ``status`` is ``ok``; ``database`` the SQLAlchemy dialect that answered
+    (``sqlite`` or ``postgresql``)."""
+
     status: str
     database: str
 

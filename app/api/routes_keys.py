@@ -15,12 +15,24 @@ router = APIRouter(tags=["keys"], dependencies=[Depends(require_role("admin"))])
 
 
 class KeyCreate(BaseModel):
+    """``POST /v1/keys``: the new key's ``role`` (``copilot`` < ``operator`` < ``admin``, each
+    allowed what the roles below it are) and an optional ``name`` for people (<= 128 chars;
+    empty means the role)."""
+
     model_config = ConfigDict(strict=True)  # JSON types as documented: no true -> 1, no "5" -> 5
     role: Literal["copilot", "operator", "admin"]
     name: str = Field("", max_length=128)
 
 
 class KeyPublic(BaseModel):
+    """An API key as listed: never the secret or its hash.
+
+    ``id``: the key's public id (16 hex digits, the ``<id>`` of ``rb_<id>_<secret>``);
+    ``name``: as created (the role when none was given); ``role``: as created;
+    ``created_at`` / ``revoked_at``: ISO-8601 UTC times (``revoked_at`` null while the key
+    is live).
+    """
+
     id: str
     name: str
     role: str
@@ -29,6 +41,8 @@ class KeyPublic(BaseModel):
 
 
 class KeyCreated(KeyPublic):
+    """``POST /v1/keys`` answer: the listing fields plus ``key``, the full key, returned this once."""
+
     key: str = Field(..., description="The full key; shown once, never stored")
 
 

@@ -19,6 +19,18 @@ router = APIRouter(tags=["receipts"], dependencies=[Depends(require_role("operat
 
 
 class ReceiptSummary(BaseModel):
+    """One receipt in a listing (no candidates, no output text).
+
+    ``seq``: position in the hash chain (1-based, newest highest); ``id``: the receipt id;
+    ``created_at``: ISO-8601 UTC time the receipt was written; ``status``: ``ok``,
+    ``cancelled`` or ``failed``; ``hash``: the receipt's ``sha256:`` hash as stored in the
+    chain; ``question``: the question asked; ``revision``: the corpus revision the answer
+    was retrieved at; ``chosen_k``: chunks placed in the prompt; ``budget_ms``: the TTFT
+    budget in milliseconds; ``ttft_ms``: the measured time to first token in milliseconds
+    (null when no token came); ``model_id``: the generator's model. Fields a receipt does
+    not record are null.
+    """
+
     seq: int
     id: str | None
     created_at: str | None
@@ -34,11 +46,23 @@ class ReceiptSummary(BaseModel):
 
 
 class ReceiptPage(BaseModel):
+    """One page of ``GET /v1/receipts``: receipts newest first, and the cursor to the next page."""
+
     receipts: list[ReceiptSummary]
     next_cursor: str | None = Field(None, description="Pass as ?cursor= for the next page; null on the last")
 
 
 class FreshnessDocument(BaseModel):
+    """The state of one document version a receipt's retrieval returned, against the latest revision.
+
+    ``document_id``, ``version``: the version the receipt recorded; ``cited``: it was among
+    the first ``chosen_k`` candidates (the model was shown it); ``status``: ``current`` (still
+    live), ``superseded`` (a newer version replaced it), ``deleted`` (the document was
+    removed) or ``unknown`` (no such version in the store); ``superseded_by``: the version
+    that replaced it; ``changed_at_revision``: the corpus revision at which it stopped being
+    live; ``current_version``: the document's live version now (null when deleted).
+    """
+
     document_id: str
     version: int
     cited: bool
@@ -49,6 +73,15 @@ class FreshnessDocument(BaseModel):
 
 
 class Freshness(BaseModel):
+    """Has the context a receipt was built on changed since (``receipts.freshness``)?
+
+    ``receipt_revision``: the corpus revision the receipt pinned; ``latest_revision``: the
+    store's latest revision now; ``changed``: true when any cited version is no longer
+    current; ``counts``: cited versions per status (``current``, ``superseded``, ``deleted``,
+    ``unknown``); ``documents``: one entry per distinct (document, version) among the
+    candidates, in first-rank order.
+    """
+
     receipt_revision: int | None
     latest_revision: int | None
     changed: bool
@@ -57,16 +90,29 @@ class Freshness(BaseModel):
 
 
 class ReceiptDetail(BaseModel):
+    """``GET /v1/receipts/{id}``: the full receipt body and the freshness of its document versions."""
+
     receipt: dict[str, Any] = Field(..., description="The full receipt body (canonical JSON object)")
     freshness: Freshness
 
 
 class ReplayRequest(BaseModel):
+    """Options of ``POST /v1/receipts/{id}/replay``; the body may be left out (no regeneration)."""
+
     model_config = ConfigDict(strict=True)  # JSON types as documented: no true -> 1, no "5" -> 5
     regenerate: bool = Field(False, description="Also generate again and compare output tokens")
 
 
 class ReplayCheck(BaseModel):
+    """One replay check (``receipts.replay``).
+
+    ``name``: ``receipt_hash``, ``chain_link``, ``corpus_root``, ``retrieval``, ``embedder``,
+    ``stored_chunks``, ``prompt`` or ``regenerate``; ``status``: ``ok``, ``failed`` or
+    ``skipped`` (its hook is not available; it neither passes nor fails the replay); ``ok``:
+    the check passed; ``expected`` / ``actual``: what the receipt recorded and what the
+    replay found (any JSON value, check-specific); ``detail``: one line for people.
+    """
+
     name: str
     status: Literal["ok", "failed", "skipped"]
     ok: bool
@@ -76,6 +122,13 @@ class ReplayCheck(BaseModel):
 
 
 class ReplayReportPublic(BaseModel):
+    """What a replay found: every check, the receipt's freshness, and how long it took.
+
+    ``receipt_id``, ``seq``: the receipt replayed and its chain position; ``ok``: no check
+    failed (skipped checks do not count); ``elapsed_ms``: wall time of the replay in
+    milliseconds, rounded to 0.001 ms.
+    """
+
     receipt_id: str
     seq: int
     ok: bool

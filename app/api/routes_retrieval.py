@@ -33,6 +33,16 @@ class RetrieveCreate(BaseModel):
 
 
 class HitPublic(BaseModel):
+    """One ranked chunk of ``POST /v1/retrieve`` (``retrieval.retriever.Hit``).
+
+    ``rank``: 1-based position; ``score``: the exact float32 inner product of the query and
+    chunk embeddings (unit vectors, so cosine similarity, -1..1); ``document_id``,
+    ``version``: the document version the chunk belongs to; ``chunk_hash``: ``sha256:`` of
+    the chunk text; ``start_char`` / ``end_char``: the chunk's span in the version's
+    normalised text (Python string indices, end exclusive); ``n_tokens``: the chunk's length
+    in generator tokens; ``text``: the chunk text, for operators and admins only.
+    """
+
     rank: int
     score: float
     chunk_id: str = Field(description="decimal string of the 63-bit chunk id (beyond 2**53, so not a "
@@ -47,6 +57,17 @@ class HitPublic(BaseModel):
 
 
 class RetrievalPublic(BaseModel):
+    """Everything that determines (and describes) one retrieval.
+
+    ``revision``: the corpus revision searched; ``root_hash``: that revision's root hash;
+    ``embedder_id`` / ``embedder``: the query embedder's id and identity (model, backend,
+    versions); ``index``: the FAISS index parameters; ``k``: hits asked for;
+    ``query_truncated``: the query was longer than the embedder's word-piece limit and
+    was cut; ``query_wordpieces``: the query's length in embedder word pieces;
+    ``hits``: ranked by (-score, chunk id); ``timings_ms``: ``embed``, ``search``, ``fetch``
+    and ``total`` wall times in milliseconds.
+    """
+
     revision: int
     root_hash: str | None
     embedder_id: str

@@ -83,3 +83,10 @@ def test_every_route_answers_something_the_schema_names(openapi):
 def test_answer_routes_name_their_typed_models(openapi, path, method, model):
     schema = openapi["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"]
     assert schema.get("$ref", "").endswith("/" + model)
+
+
+def test_every_schema_says_what_it_is(openapi):
+    """Each request and response model carries its docstring into the schema as a description."""
+    bare = [name for name, schema in openapi.get("components", {}).get("schemas", {}).items()
+            if not schema.get("description")]
+    assert not bare, "schemas without a description (give the model a docstring): " + ", ".join(bare)
