@@ -43,6 +43,7 @@ class Turn:
     content: str
 
     def to_dict(self) -> dict[str, str]:
+        """``{"role", "content"}``, the chat-message shape a chat template takes."""
         return {"role": self.role, "content": self.content}
 
 

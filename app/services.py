@@ -45,6 +45,7 @@ class Services:
 
     @property
     def data_dir(self) -> Path:
+        """The settings' data directory (index, models, profiles), created on first use."""
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
         return self.settings.data_dir
 

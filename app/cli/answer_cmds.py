@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``ask`` and ``advise`` to the top-level subparsers ``sub`` (``app.cli.main``)."""
     a = sub.add_parser("ask", help="answer a question within a TTFT budget, streamed")
     a.add_argument("question")
     a.add_argument("--budget-ms", type=float, default=None,
@@ -59,6 +60,13 @@ def render_summary(s: Answer) -> str:
 
 
 def cmd_ask(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyped-def]
+    """``ragbudget ask``: stream the answer's tokens to stdout, then its summary (or, with
+    ``--json``, only the summary as JSON).
+
+    Returns 0 when the answer's status is ``ok``, else 1. Bad input (blank question, bad
+    budget, k or revision) raises the pipeline's ``InvalidInput`` before any token, which
+    ``app.cli.main`` turns into a one-line message and exit code 2.
+    """
     from app.pipeline import AnswerPipeline, AnswerRequest
 
     pipeline = AnswerPipeline(services)
@@ -85,6 +93,10 @@ def cmd_ask(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyp
 
 
 def cmd_advise(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyped-def]
+    """``ragbudget advise``: retrieve and plan without generating; print the per-k table
+    (prompt, cached and computed tokens; predicted prefill and TTFT p50/p95 in ms, overhead
+    included) and the chosen k. Returns 0; bad input raises ``InvalidInput`` (exit 2).
+    """
     from app.pipeline import AnswerPipeline, AnswerRequest
 
     pipeline = AnswerPipeline(services)

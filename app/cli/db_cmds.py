@@ -8,6 +8,7 @@ from app.cli.common import add_json_flag, emit
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``db upgrade`` to the top-level subparsers ``sub``."""
     db = sub.add_parser("db", help="database maintenance")
     dbsub = db.add_subparsers(dest="db_command", metavar="ACTION")
     dbsub.required = True
@@ -17,6 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_upgrade(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyped-def]
+    """``ragbudget db upgrade``: open the database (which applies pending Alembic migrations)
+    and print the URL (password hidden) and the migration it is now at. Returns 0."""
     from alembic.migration import MigrationContext
 
     engine = services.engine  # opening migrates to head

@@ -9,6 +9,7 @@ from app.cli.common import add_json_flag, emit
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``keys create|list|revoke`` to the top-level subparsers ``sub``."""
     keys = sub.add_parser("keys", help="manage API keys")
     ks = keys.add_subparsers(dest="keys_command", metavar="ACTION")
     ks.required = True
@@ -27,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_create(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyped-def]
+    """``ragbudget keys create``: create a key with ``--role`` and ``--name`` and print it once
+    (``rb_<id>_<secret>``; only a salted hash is stored). Returns 0."""
     principal, key = create_key(services.engine, args.role, args.name)
     emit(args, {"id": principal.id, "name": principal.name, "role": principal.role, "key": key},
          lambda p: f"created {p['role']} key {p['id']} ({p['name']}).\n"
@@ -35,6 +38,8 @@ def cmd_create(args: argparse.Namespace, services) -> int:  # type: ignore[no-un
 
 
 def cmd_list(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyped-def]
+    """``ragbudget keys list``: every key's id, role, name, created_at and revoked_at (never a
+    secret). Returns 0."""
     rows = list_keys(services.engine)
 
     def human(rows: list[dict]) -> str:
@@ -48,6 +53,8 @@ def cmd_list(args: argparse.Namespace, services) -> int:  # type: ignore[no-unty
 
 
 def cmd_revoke(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyped-def]
+    """``ragbudget keys revoke ID``: revoke a key (idempotent). Returns 0; an unknown id raises
+    ``NotFound`` (exit 3)."""
     revoke_key(services.engine, args.id)
     emit(args, {"id": args.id, "revoked": True}, lambda p: f"revoked {p['id']}")
     return 0

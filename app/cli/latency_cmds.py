@@ -11,6 +11,7 @@ from foundation.errors import InvalidConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``calibrate`` and ``profiles list|show`` to the top-level subparsers ``sub``."""
     cal = sub.add_parser("calibrate", help="time the generator on this device and fit a latency profile")
     cal.add_argument("--quick", action="store_true",
                      help="prompts up to 2048 tokens (< 2 min for the default model on 2 CPU cores)")
@@ -136,6 +137,8 @@ def _print_estimate(services: Any, timer: Any, grid: Any, seed: int, progress: b
 
 
 def cmd_list(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget profiles list``: every stored latency profile, newest first (id, source,
+    creation time, held-out leave-one-length-out MAPE, device and model). Returns 0."""
     from app.profile_store import list_profiles
 
     profiles = [p.summary() for p in list_profiles(services.engine, services.data_dir)]
@@ -155,6 +158,11 @@ def cmd_list(args: argparse.Namespace, services: Any) -> int:
 
 
 def cmd_show(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget profiles show ID``: one profile (id, a unique prefix of >= 8 hex digits, or
+    ``sha256:<hex>``) described for people, or its full body with ``--json``. Returns 0;
+    raises ``InvalidInput`` (exit 2) on a short or ambiguous prefix, ``UnknownProfile``
+    (exit 3) when none matches, ``IntegrityFailure`` (exit 4) when the stored body no longer
+    matches its id."""
     from app.profile_store import load_profile
 
     profile = load_profile(services.engine, services.data_dir, args.profile_id)

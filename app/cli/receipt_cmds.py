@@ -15,6 +15,7 @@ EXIT_VERIFY_FAILED = 4
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``receipts verify|list|show`` and ``replay`` to the top-level subparsers ``sub``."""
     r = sub.add_parser("receipts", help="audit the receipt chain")
     rsub = r.add_subparsers(dest="receipts_command", metavar="ACTION")
     rsub.required = True
@@ -55,6 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_verify(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget receipts verify``: walk the whole chain in batches, recompute every hash and
+    link and report where it breaks. Returns 0 when it verifies, 4 when it does not."""
     from receipts.verify import verify_chain
 
     report = verify_chain(services.engine, batch_size=args.batch_size, expected_head=args.expect_head)
@@ -75,6 +78,9 @@ def _render_list(payload: dict[str, Any]) -> str:
 
 
 def cmd_list(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget receipts list``: one page of receipts, newest first, filtered (see
+    ``receipts.chain.list_receipts``). Returns 0; a bad time, status, limit or cursor raises
+    ``InvalidInput`` (exit 2)."""
     from receipts.chain import list_receipts
 
     page, cursor = list_receipts(services.engine, since=args.since, until=args.until,
@@ -95,6 +101,8 @@ def _render_show(payload: dict[str, Any]) -> str:
 
 
 def cmd_show(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget receipts show ID``: the receipt's full body and its freshness. Returns 0; an
+    unknown id raises ``UnknownReceipt`` (exit 3)."""
     from receipts.chain import get_receipt
     from receipts.freshness import freshness
 
@@ -104,6 +112,9 @@ def cmd_show(args: argparse.Namespace, services: Any) -> int:
 
 
 def cmd_replay(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget replay ID [--regenerate]``: verify the receipt, re-run its retrieval, rebuild
+    its prompt (and regenerate) and report every check. Returns 0 when no check failed, 4
+    otherwise; an unknown id raises ``UnknownReceipt`` (exit 3)."""
     from app.receipt_wiring import replay_receipt
 
     report = replay_receipt(services, args.receipt_id, regenerate=args.regenerate)

@@ -10,6 +10,7 @@ from app.validation import check_query
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``retrieve`` and ``reindex`` to the top-level subparsers ``sub``."""
     r = sub.add_parser("retrieve", help="exact top-k chunks for a query at a corpus revision")
     r.add_argument("query", help="the query text")
     r.add_argument("--k", type=int, default=8, help="hits to return (default 8)")
@@ -39,6 +40,9 @@ def _render(p: dict[str, Any]) -> str:
 
 
 def cmd_retrieve(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget retrieve QUERY``: exact top-k chunks at a revision, with scores, spans and
+    snippets (all fields with ``--json``). Returns 0; a blank query or bad k raises
+    ``InvalidInput`` (exit 2), an unknown revision ``UnknownRevision`` (exit 3)."""
     check_query(services.settings, args.query, args.k)
     result = services.retriever.retrieve(args.query, args.k, args.revision)
     emit(args, result.to_dict(), _render)
@@ -46,6 +50,8 @@ def cmd_retrieve(args: argparse.Namespace, services: Any) -> int:
 
 
 def cmd_reindex(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget reindex``: rebuild the FAISS index from the database (embedding vectors not
+    yet stored) and print the revision, vector count, seconds taken and path. Returns 0."""
     stats = services.retriever.reindex()
     emit(args, stats, lambda s: f"index rebuilt at revision {s['revision']}: {s['n_vectors']} vectors "
          f"({s['embedded']} newly embedded) in {s['seconds']:.2f} s -> {s['path']}")

@@ -12,6 +12,7 @@ log = logging.getLogger("ragbudget")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``serve`` to the top-level subparsers ``sub``."""
     s = sub.add_parser("serve", help="run the REST API (uvicorn)")
     s.add_argument("--host", default=None, help="bind address (default: settings.host, 127.0.0.1)")
     s.add_argument("--port", type=int, default=None, help="port (default: settings.port, 8000)")
@@ -28,6 +29,13 @@ def bootstrap_admin_key(services) -> str | None:  # type: ignore[no-untyped-def]
 
 
 def cmd_serve(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyped-def]
+    """``ragbudget serve``: run the REST API under uvicorn until interrupted.
+
+    Binds ``--host``/``--port`` (default: the settings, 127.0.0.1:8000); on a first start with
+    auth on and no active key, creates an admin key and prints it once on stderr; loads the
+    models, index and prefix cache before the first request unless ``--no-preload``.
+    Returns 0 when the server stops.
+    """
     import uvicorn
 
     from app.api.app import create_app

@@ -12,6 +12,7 @@ from foundation.errors import InvalidInput
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``sweep`` to the top-level subparsers ``sub``."""
     s = sub.add_parser("sweep", help="measure TTFT against k (and recall@k): the tuning report")
     s.add_argument("--questions", type=Path, default=None,
                    help="JSON or text file of questions (default: the project's operational questions "
@@ -49,6 +50,14 @@ def _budgets(text: str) -> list[float]:
 
 
 def cmd_sweep(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget sweep --out DIR``: for each question and k in 0..``--k-max``, measure TTFT
+    ``--repeats`` times beside the profile's prediction (and recall@k with labels);
+    write the CSV, JSON summary and PNG to DIR and print the per-k and per-budget summary.
+
+    Returns 0. Raises ``InvalidInput`` (exit 2), writing nothing, on bad ``--budgets``
+    (code ``invalid_budget``), ``--k-max`` outside 0..max_k (``invalid_k``) or ``--repeats``
+    < 1 (``invalid_repeats``).
+    """
     from app.pipeline import AnswerPipeline
     from app.sweep import (
         apply_labels,

@@ -60,6 +60,7 @@ class ConsoleSession:
 
     @property
     def principal(self) -> Principal:
+        """The API-key principal this session signed in with (its key id, name and role)."""
         return Principal(self.key_id, self.name, self.role)
 
 

@@ -88,6 +88,7 @@ class ConsoleUser:
 
     @property
     def csrf_token(self) -> str:
+        """The session's CSRF token, which every form of the console posts back."""
         return self.session.csrf_token
 
 
@@ -217,6 +218,10 @@ class ConsoleRoute(APIRoute):
     """An APIRoute whose errors are HTML pages and whose responses carry the console headers."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """The route's handler, wrapped: a missing or expired sign-in redirects to the sign-in
+        page, a ``RagBudgetError`` or a request validation error becomes an HTML error page
+        (its status from the error), and every response gets the console's security headers
+        and a ``Server-Timing: app;dur=<ms>`` header."""
         handler = super().get_route_handler()
 
         async def _handle(request: Request) -> Response:
