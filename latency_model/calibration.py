@@ -56,9 +56,14 @@ class PrefillTimer(Protocol):
 
     identity: dict[str, Any]
 
-    def prefill_ms(self, prompt_tokens: int, cached_tokens: int) -> float: ...
+    def prefill_ms(self, prompt_tokens: int, cached_tokens: int) -> float:
+        """Wall ms of one prefill of ``prompt_tokens`` tokens, the first ``cached_tokens`` from
+        a prefix KV cache (building it not timed), up to the first token's logits."""
+        ...
 
-    def decode_step_ms(self, context_tokens: int) -> float: ...
+    def decode_step_ms(self, context_tokens: int) -> float:
+        """Wall ms of one decode step (one new token) with ``context_tokens`` tokens in the KV cache."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -299,9 +304,13 @@ def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_
     Raises:
         InvalidInput: too few fit rows or lengths.
     """
-    fit = np.array([r[:3] for r in prefill_rows if r[3] == "fit"], dtype=np.float64).reshape(-1, 3)
-    fresh = np.array([r[:3] for r in prefill_rows if r[3] == "fresh"], dtype=np.float64).reshape(-1, 3)
-    dec = np.array([r[:2] for r in decode_rows if r[2] == "fit"], dtype=np.float64).reshape(-1, 2)
+    # Columns: prompt tokens, cached tokens, ms (prefill); context tokens, ms (decode).
+    fit = np.array([r[:3] for r in prefill_rows if r[3] == "fit"],
+                   dtype=np.float64).reshape(-1, 3)  # (N_fit, 3)
+    fresh = np.array([r[:3] for r in prefill_rows if r[3] == "fresh"],
+                     dtype=np.float64).reshape(-1, 3)  # (N_fresh, 3)
+    dec = np.array([r[:2] for r in decode_rows if r[2] == "fit"],
+                   dtype=np.float64).reshape(-1, 2)  # (N_dec, 2)
     if prefill_model is None:
         chosen, comparison = select_prefill(fit[:, 0], fit[:, 1], fit[:, 2])
     else:
@@ -349,7 +358,7 @@ def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_
     }
     draft = Profile.create(held_out=held_out, **profile_kwargs)
     if fresh.shape[0]:
-        p50, p95 = draft.predict_ttft_many(fresh[:, 0], fresh[:, 1])
+        p50, p95 = draft.predict_ttft_many(fresh[:, 0], fresh[:, 1])  # (N_fresh,) ms each
         held_out["fresh_mape"] = finite_or_none(mape(fresh[:, 2], p50))
         held_out["fresh_p95_coverage"] = finite_or_none(coverage(fresh[:, 2], p95))
         return Profile.create(held_out=held_out, **profile_kwargs)

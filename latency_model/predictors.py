@@ -76,19 +76,19 @@ def weighted_nnls(features: NDArray[np.float64], measured_ms: NDArray[np.float64
     Raises:
         InvalidInput: shapes disagree, fewer rows than coefficients, or a measurement is not > 0.
     """
-    y = np.asarray(measured_ms, dtype=np.float64)
-    x = np.asarray(features, dtype=np.float64)
+    y = np.asarray(measured_ms, dtype=np.float64)  # (N,) ms
+    x = np.asarray(features, dtype=np.float64)  # (N, p)
     if x.ndim != 2 or y.ndim != 1 or x.shape[0] != y.shape[0]:
         raise InvalidInput("features must be (N, p) and measurements (N,)")
     if x.shape[0] < x.shape[1]:
         raise InvalidInput(f"need at least {x.shape[1]} samples to fit, got {x.shape[0]}")
     if not np.all(np.isfinite(y)) or np.any(y <= 0):
         raise InvalidInput("measurements must be finite and > 0 ms")
-    a = x / y[:, None]
-    scale = np.linalg.norm(a, axis=0)
+    a = x / y[:, None]  # (N, p): each row divided by its measurement
+    scale = np.linalg.norm(a, axis=0)  # (p,)
     scale[scale == 0] = 1.0
-    beta, _ = nnls(a / scale, np.ones_like(y), maxiter=50 * x.shape[1])
-    return np.asarray(beta / scale, dtype=np.float64)
+    beta, _ = nnls(a / scale, np.ones_like(y), maxiter=50 * x.shape[1])  # (p,), scaled units
+    return np.asarray(beta / scale, dtype=np.float64)  # (p,)
 
 
 class Predictor:
@@ -111,7 +111,7 @@ class Predictor:
         if any(not np.isfinite(v) or v < 0 for v in coefficients.values()):
             raise InvalidInput(f"{self.name} coefficients must be finite and >= 0")
         self.coefficients = {k: float(coefficients[k]) for k in self.coefficient_names}
-        self._beta = np.array([self.coefficients[k] for k in self.coefficient_names])
+        self._beta = np.array([self.coefficients[k] for k in self.coefficient_names])  # (p,)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.coefficients})"
@@ -129,7 +129,7 @@ class PrefillPredictor(Predictor):
         """
         n = _as_tokens(prompt_tokens, "prompt_tokens")
         c = _as_tokens(cached_tokens, "cached_tokens")
-        n, c = np.broadcast_arrays(n, c)
+        n, c = np.broadcast_arrays(n, c)  # (N,), (N,)
         if np.any(c > n):
             raise InvalidInput("cached_tokens cannot exceed prompt_tokens")
         return cls._features(n, c, n - c)
@@ -141,6 +141,7 @@ class PrefillPredictor(Predictor):
 
     def predict_ms(self, prompt_tokens: ArrayLike, cached_tokens: ArrayLike) -> NDArray[np.float64]:
         """Point prediction in ms, shape ``(N,)``."""
+        # (N, p) @ (p,) -> (N,)
         return np.asarray(self.features(prompt_tokens, cached_tokens) @ self._beta, dtype=np.float64)
 
     @classmethod
@@ -153,6 +154,9 @@ class PrefillPredictor(Predictor):
 
 
 class LinearPrefill(PrefillPredictor):
+    """``ttft_ms = a + b*m`` (m = computed tokens): a fixed cost plus per-token linear layers;
+    ignores attention's growth with context."""
+
     name = "linear"
     coefficient_names = ("a", "b")
     formula = "a + b*m"
@@ -160,10 +164,14 @@ class LinearPrefill(PrefillPredictor):
     @classmethod
     def _features(cls, n: NDArray[np.float64], c: NDArray[np.float64],
                   m: NDArray[np.float64]) -> NDArray[np.float64]:
-        return np.column_stack([np.ones_like(m), m])
+        return np.column_stack([np.ones_like(m), m])  # (N, 2)
 
 
 class QuadraticPrefill(PrefillPredictor):
+    """``ttft_ms = a + b*m + g*m*(n + c)``: adds attention, each of the m computed tokens
+    attending to about (n + c)/2 keys (DistServe's ``a + b*L + c*L^2``, extended to a prefix
+    cache as in DESIGN.md). The default form."""
+
     name = "quadratic"
     coefficient_names = ("a", "b", "g")
     formula = "a + b*m + g*m*(n + c)"
@@ -171,10 +179,13 @@ class QuadraticPrefill(PrefillPredictor):
     @classmethod
     def _features(cls, n: NDArray[np.float64], c: NDArray[np.float64],
                   m: NDArray[np.float64]) -> NDArray[np.float64]:
-        return np.column_stack([np.ones_like(m), m, m * (n + c)])
+        return np.column_stack([np.ones_like(m), m, m * (n + c)])  # (N, 3)
 
 
 class QuadraticSplitPrefill(PrefillPredictor):
+    """``ttft_ms = a + b*m + g*m*(n + c) + h*m^2``: the quadratic form plus a separate price
+    for the computed tokens' causal self-attention."""
+
     name = "quadratic_split"
     coefficient_names = ("a", "b", "g", "h")
     formula = "a + b*m + g*m*(n + c) + h*m^2"
@@ -182,10 +193,15 @@ class QuadraticSplitPrefill(PrefillPredictor):
     @classmethod
     def _features(cls, n: NDArray[np.float64], c: NDArray[np.float64],
                   m: NDArray[np.float64]) -> NDArray[np.float64]:
-        return np.column_stack([np.ones_like(m), m, m * (n + c), m * m])
+        return np.column_stack([np.ones_like(m), m, m * (n + c), m * m])  # (N, 4)
 
 
 class TwoPathPrefill(PrefillPredictor):
+    """``ttft_ms = a + b*m + g*m*(n + c) + h*[c > 0]*m*n``: the quadratic form plus the cost of
+    the explicit ``m x n`` attention mask a prefill after a cached prefix gets (SDPA's causal
+    kernel only runs without a cache; see the module docstring), so a cache hit may be
+    predicted slower (``cache_never_slower = False``)."""
+
     name = "two_path"
     coefficient_names = ("a", "b", "g", "h")
     formula = "a + b*m + g*m*(n + c) + h*[c > 0]*m*n"
@@ -194,7 +210,7 @@ class TwoPathPrefill(PrefillPredictor):
     @classmethod
     def _features(cls, n: NDArray[np.float64], c: NDArray[np.float64],
                   m: NDArray[np.float64]) -> NDArray[np.float64]:
-        return np.column_stack([np.ones_like(m), m, m * (n + c), (c > 0) * m * n])
+        return np.column_stack([np.ones_like(m), m, m * (n + c), (c > 0) * m * n])  # (N, 4)
 
 
 class DecodePredictor(Predictor):
@@ -211,6 +227,7 @@ class DecodePredictor(Predictor):
 
     def predict_ms(self, context_tokens: ArrayLike) -> NDArray[np.float64]:
         """Point prediction of one decode step in ms, shape ``(N,)``."""
+        # (N, p) @ (p,) -> (N,)
         return np.asarray(self.features(context_tokens) @ self._beta, dtype=np.float64)
 
     @classmethod
@@ -221,13 +238,16 @@ class DecodePredictor(Predictor):
 
 
 class LinearDecode(DecodePredictor):
+    """``tpot_ms = d + e*context``: one decode step, a fixed cost (weights read once per
+    token) plus attention over the ``context`` tokens in the KV cache."""
+
     name = "linear_decode"
     coefficient_names = ("d", "e")
     formula = "d + e*context"
 
     @classmethod
     def _features(cls, ctx: NDArray[np.float64]) -> NDArray[np.float64]:
-        return np.column_stack([np.ones_like(ctx), ctx])
+        return np.column_stack([np.ones_like(ctx), ctx])  # (N, 2)
 
 
 PREFILL_MODELS: dict[str, type[PrefillPredictor]] = {

@@ -16,13 +16,13 @@ def _best_matmul_s(torch: Any, threads: int, n: int, repeats: int) -> float:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        a = torch.randn(n, n, dtype=torch.float32)
-        b = torch.randn(n, n, dtype=torch.float32)
-        torch.mm(a, b)  # warm-up
+        a = torch.randn(n, n, dtype=torch.float32)  # (n, n)
+        b = torch.randn(n, n, dtype=torch.float32)  # (n, n)
+        torch.mm(a, b)  # (n, n) @ (n, n) -> (n, n), 2 n^3 FLOP; warm-up
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            torch.mm(a, b)
+            torch.mm(a, b)  # (n, n) @ (n, n) -> (n, n)
             best = min(best, time.perf_counter() - t0)
         return best
     finally:
@@ -49,7 +49,7 @@ def probe_cpu(threads: int, *, matmul_n: int = 512, copy_mib: int = 64, repeats:
     flops_threads = work / _best_matmul_s(torch, threads, matmul_n, repeats)
     flops_one = work / _best_matmul_s(torch, 1, matmul_n, repeats) if threads > 1 else flops_threads
     flops = max(flops_threads, threads * flops_one)
-    src = np.ones(copy_mib * (1 << 20) // 8, dtype=np.float64)
+    src = np.ones(copy_mib * (1 << 20) // 8, dtype=np.float64)  # (copy_mib * 2**17,): copy_mib MiB
     dst = np.empty_like(src)
     np.copyto(dst, src)  # warm-up (page faults)
     best_copy = float("inf")
