@@ -45,6 +45,7 @@ class StoredReceipt:
     created_at: str
 
     def to_dict(self) -> dict[str, Any]:
+        """``{"seq", "id", "hash", "prev_hash", "created_at"}`` (hashes as ``sha256:<hex>``)."""
         return {"seq": self.seq, "id": self.id, "hash": self.hash, "prev_hash": self.prev_hash,
                 "created_at": self.created_at}
 

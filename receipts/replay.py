@@ -64,9 +64,11 @@ class Check:
 
     @property
     def status(self) -> str:
+        """``skipped``, ``ok`` or ``failed``."""
         return "skipped" if self.skipped else ("ok" if self.ok else "failed")
 
     def to_dict(self) -> dict[str, Any]:
+        """``{name, status, ok, expected, actual, detail}``, JSON-ready when expected/actual are."""
         return {"name": self.name, "status": self.status, "ok": self.ok, "expected": self.expected,
                 "actual": self.actual, "detail": self.detail}
 
@@ -83,6 +85,7 @@ class ReplayReport:
 
     @property
     def ok(self) -> bool:
+        """True when no check failed (skipped checks neither pass nor fail)."""
         return all(c.ok or c.skipped for c in self.checks)
 
     def check(self, name: str) -> Check:
@@ -90,6 +93,8 @@ class ReplayReport:
         return next(c for c in self.checks if c.name == name)
 
     def to_dict(self) -> dict[str, Any]:
+        """``{receipt_id, seq, ok, checks, freshness, elapsed_ms}`` (ms rounded to 0.001), the
+        shape ``POST /v1/receipts/{id}/replay`` answers."""
         return {"receipt_id": self.receipt_id, "seq": self.seq, "ok": self.ok,
                 "checks": [c.to_dict() for c in self.checks], "freshness": self.freshness,
                 "elapsed_ms": round(self.elapsed_ms, 3)}

@@ -73,9 +73,13 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """True when the walk found no problem."""
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
+        """``{ok, checked, head, problems, elapsed_ms}``: ``checked`` receipts walked, ``head``
+        the last one's ``{seq, hash, ...}`` (null for an empty chain), each problem as
+        :class:`Problem`'s fields, ``elapsed_ms`` rounded to 0.001 ms."""
         return {"ok": self.ok, "checked": self.checked, "head": self.head,
                 "problems": [asdict(p) for p in self.problems], "elapsed_ms": round(self.elapsed_ms, 3)}
 
