@@ -49,6 +49,7 @@ class GenParams:
 
     @property
     def greedy(self) -> bool:
+        """True when ``temperature <= 0``: argmax decoding; ``top_p`` and ``seed`` do not apply."""
         return self.temperature <= 0.0
 
     def resolved(self) -> GenParams:
@@ -100,7 +101,7 @@ class GenerationStats:
     prompt_tokens: int
     cached_tokens: int
     computed_tokens: int
-    output_token_ids: list[int]
+    output_token_ids: list[int]  # (output_tokens,), EOS excluded
     finish_reason: FinishReason
     prefill_ms: float
     first_token_t: float | None
@@ -114,6 +115,7 @@ class GenerationStats:
 
     @property
     def output_tokens(self) -> int:
+        """How many tokens were generated (``len(output_token_ids)``)."""
         return len(self.output_token_ids)
 
     @property
@@ -207,10 +209,10 @@ class IncrementalDetokenizer:
     the text back while it ends in U+FFFD (an incomplete UTF-8 sequence).
     """
 
-    decode: Any
-    ids: list[int] = field(default_factory=list)
-    prefix_offset: int = 0
-    read_offset: int = 0
+    decode: Any  # (ids: list[int]) -> str
+    ids: list[int] = field(default_factory=list)  # (tokens so far,)
+    prefix_offset: int = 0  # ids[prefix_offset:read_offset]: the window already emitted
+    read_offset: int = 0  # ids[read_offset:]: tokens not yet emitted as text
 
     def add(self, token_id: int) -> str:
         """Append ``token_id``; return the text it completes (possibly ``""``)."""

@@ -141,6 +141,7 @@ class LlamaCppServer:
         return self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
 
     def log_tail(self, chars: int = 2000) -> str:
+        """The last ``chars`` characters the server wrote (for error messages)."""
         return self.log_text()[-chars:]
 
     def prefix_hits(self) -> list[tuple[int, int]]:

@@ -32,9 +32,10 @@ class PrefixEntry:
     """
 
     key: tuple[str, str, str, str]
-    ids: tuple[int, ...]
+    ids: tuple[int, ...]  # (prefix_tokens,)
+    # transformers DynamicCache: per layer, keys and values (1, kv_heads, prefix_tokens, head_dim)
     kv: Any
-    last_logits: Any
+    last_logits: Any  # (vocab,) next-token logits
     compute_ms: float
     hits: int = 0
 
@@ -78,7 +79,11 @@ class PrefixKVCache:
             return len(self._entries)
 
     def put(self, prefix_ids: list[int], kv: Any, last_logits: Any, compute_ms: float) -> PrefixEntry:
-        """Store a freshly computed cache (the caller must not touch ``kv`` afterwards)."""
+        """Store a freshly computed cache (the caller must not touch ``kv`` afterwards).
+
+        ``kv``: per layer ``(1, kv_heads, len(prefix_ids), head_dim)`` keys and values;
+        ``last_logits``: ``(vocab,)``.
+        """
         k = self.key(prefix_ids)
         entry = PrefixEntry(k, tuple(prefix_ids), kv, last_logits, compute_ms)
         with self._lock:
@@ -99,14 +104,15 @@ class PrefixKVCache:
             entry.hits += 1
             return entry, True
         t0 = time.perf_counter()
-        kv, last_logits = compute(prefix_ids)
+        kv, last_logits = compute(prefix_ids)  # per layer (1, kv_heads, prefix, head_dim) K and V; (vocab,)
         return self.put(prefix_ids, kv, last_logits, (time.perf_counter() - t0) * 1000.0), False
 
     @staticmethod
     def copy_kv(entry: PrefixEntry) -> Any:
         """A private deep copy of ``entry.kv`` that a request may extend in place."""
-        return copy.deepcopy(entry.kv)
+        return copy.deepcopy(entry.kv)  # per layer (1, kv_heads, prefix_tokens, head_dim) K and V
 
     def clear(self) -> None:
+        """Drop every entry (and its KV tensors)."""
         with self._lock:
             self._entries.clear()

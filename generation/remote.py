@@ -193,6 +193,7 @@ class RemoteGenerator:
                 "max_position_embeddings": c.get("max_position_embeddings")}
 
     def close(self) -> None:
+        """Close the HTTP client and its connections; the generator is unusable afterwards."""
         self._client.close()
 
     # --- streaming --------------------------------------------------------------------------

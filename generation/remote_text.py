@@ -52,6 +52,7 @@ class EnginePrompt:
     first_difference: int
 
     def to_dict(self) -> dict[str, Any]:
+        """``{prompt_tokens, token_ids_hash, first_difference}`` as recorded in a receipt."""
         return asdict(self)
 
 

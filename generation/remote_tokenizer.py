@@ -44,12 +44,15 @@ class TiktokenTextTokenizer:
 
     @property
     def tokenizer_id(self) -> str:
+        """``sha256:`` of the encoding's name and vocabulary size: what a receipt records."""
         return self._id
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; special-token strings in it are encoded as plain text."""
         return list(self.encoding.encode(text, allowed_special=set(), disallowed_special=()))
 
     def encode_control(self, text: str) -> list[int]:
+        """Token ids of chat-template control text: special-token strings become their ids."""
         return list(self.encoding.encode(text, allowed_special="all"))
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
@@ -66,6 +69,7 @@ class TiktokenTextTokenizer:
         return ids, spans
 
     def decode(self, ids: list[int]) -> str:
+        """The text of ``ids`` (invalid UTF-8 byte sequences replaced, as tiktoken does)."""
         return str(self.encoding.decode(list(ids)))
 
 

@@ -76,6 +76,7 @@ class StopMatcher:
 
     @property
     def stopped(self) -> bool:
+        """True once a stop string was found (``matched`` is set)."""
         return self.matched is not None
 
     def feed(self, delta: str) -> tuple[str, bool]:
