@@ -62,20 +62,36 @@ class PredictedTTFT(BaseModel):
     ttft_p50_ms: float | None
     ttft_p95_ms: float | None
     prefill_p50_ms: float | None
-    overhead_ms: float = Field(description="time spent before prefill, measured, ms")
+    overhead_ms: float = Field(description="time before prefill the plan counted, ms: measured (auth, "
+                               "parsing, retrieval, queue wait) up to when k was chosen, plus the "
+                               "predicted wait when k was chosen before the model was free")
     profile_id: str
     profile_source: str = Field(description="fitted or prior")
+    wait_ms: float | None = Field(None, description="the queue's predicted wait on arrival (running "
+                                  "answer's remaining decode steps x TPOT + prefills and max_new_tokens "
+                                  "of those ahead), ms")
+    late_bound: bool = Field(False, description="k was chosen when the request got the model")
+    correction_factor: float | None = Field(None, description="online correction factor applied to "
+                                            "the fitted prefill prediction (None: correction off)")
+    p95_multiplier: float | None = Field(None, description="conformal p95/p50 multiplier in force "
+                                         "(None: too few answers yet, or correction off)")
 
 
 class AnswerTimings(BaseModel):
     """Measured times of one answer, ms; ``None`` when the step did not happen."""
 
     queue_ms: float | None = Field(description="wait for the model")
-    ttft_ms: float | None = Field(description="request arrival to the first token with text")
+    ttft_ms: float | None = Field(description="request arrival (the server's first sight of the HTTP "
+                                  "request, or the CLI call) to the first token with text")
     tpot_ms: float | None = Field(description="mean gap between later tokens")
     retrieval_ms: float | None = Field(description="query embedding + search + fetch")
-    overhead_ms: float | None = Field(description="arrival to the plan (retrieval, tokenisation)")
+    overhead_ms: float | None = Field(description="arrival to the plan (auth, body parsing, "
+                                      "validation, retrieval, tokenisation)")
     total_ms: float | None = Field(description="arrival to the end of the answer")
+    auth_ms: float | None = Field(None, description="the API key check (None: auth off, or the CLI)")
+    planning_ms: float | None = Field(None, description="prompt building and the plan")
+    prefill_ms: float | None = Field(None, description="model granted to the first token with text "
+                                     "(prefill and the first decode step)")
 
 
 class TokenCounts(BaseModel):
@@ -100,6 +116,9 @@ class Answer(BaseModel):
     question: str
     ttft_budget_ms: float
     within_budget: bool | None
+    budget_miss_cause: str | None = Field(None, description="when over budget: queue (the wait ate "
+                                          "it), prefill (misprediction) or overhead (auth, parsing, "
+                                          "retrieval, planning)")
     revision: int
     chosen_k: int
     binding: str = Field(description="why k stopped: budget, context_window, "
@@ -166,6 +185,7 @@ class AdviceTimings(BaseModel):
     retrieval_ms: float
     planning_ms: float
     overhead_ms: float = Field(description="arrival to the plan (the overhead the plan adds)")
+    auth_ms: float | None = Field(None, description="the API key check (None: auth off, or the CLI)")
 
 
 class Advice(BaseModel):
@@ -180,6 +200,12 @@ class Advice(BaseModel):
     prompt_tokens: int = Field(description="prompt tokens at the chosen k")
     scaffold_cached: bool
     timings: AdviceTimings
+    predicted_wait_ms: float = Field(0.0, description="the queue's predicted wait now, ms (counted "
+                                     "in the plan's overhead when late binding is on)")
+    queue_depth: int = Field(0, description="requests waiting for the model now")
+    late_binding: bool = Field(True, description="an answer would choose k again when it gets the model")
+    correction: dict[str, Any] | None = Field(None, description="the profile's online correction "
+                                              "(latency_model.correction.CorrectionState), None when off")
 
 
 class AdviceCurve(BaseModel):

@@ -4,6 +4,14 @@ A request waits in arrival order for the model; when ``queue_max`` requests
 are already waiting, a new one is refused at once with :class:`Busy` (HTTP
 429 with Retry-After). A waiting request whose client goes away (``cancel``
 set) leaves the queue and frees its place.
+
+Each place may carry a :class:`Ticket`, the request's predicted cost on the
+model (its prefill and ``max_new_tokens`` decode steps, from the latency
+profile); the running answer updates its ticket as tokens come. From these,
+:meth:`GenerationQueue.predicted_wait_ms` says how long a request arriving now
+would wait: the running answer's remaining decode steps x TPOT plus the
+prefills and ``max_new_tokens`` x TPOT of everyone already waiting (an upper
+estimate: an answer may stop before ``max_new_tokens``).
 """
 
 from __future__ import annotations
@@ -13,12 +21,35 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from foundation.errors import Busy
 
 
 class Cancelled(Exception):
     """Raised inside :meth:`GenerationQueue.slot` when the waiter was cancelled."""
+
+
+@dataclass(eq=False)  # identity, not value: two equal costs are two places
+class Ticket:
+    """A request's predicted time on the model, ms (profile p50s); updated while it runs.
+
+    ``prefill_ms``: predicted prefill of its prompt; ``tpot_ms``: predicted decode
+    step; ``max_new_tokens``: the most steps it may take; ``produced``: steps taken
+    so far (the pipeline counts them; a prefill that produced the first token
+    counts as started).
+    """
+
+    prefill_ms: float = 0.0
+    tpot_ms: float = 0.0
+    max_new_tokens: int = 0
+    produced: int = 0
+
+    def remaining_ms(self) -> float:
+        """Predicted time until this request releases the model, ms."""
+        if self.produced <= 0:
+            return self.prefill_ms + max(self.max_new_tokens - 1, 0) * self.tpot_ms
+        return max(self.max_new_tokens - self.produced, 0) * self.tpot_ms
 
 
 class GenerationQueue:
@@ -35,6 +66,7 @@ class GenerationQueue:
         self._cond = threading.Condition()
         self._waiting: deque[object] = deque()
         self._running = False
+        self._running_ticket: Ticket | None = None
 
     @property
     def depth(self) -> int:
@@ -48,16 +80,30 @@ class GenerationQueue:
         with self._cond:
             return self._running
 
+    def predicted_wait_ms(self) -> float:
+        """How long a request arriving now would wait for the model, ms (see the module docstring).
+
+        Places without a :class:`Ticket` count 0 (their cost is unknown).
+        """
+        with self._cond:
+            ahead: list[object] = [self._running_ticket] if self._running else []
+            ahead += list(self._waiting)
+        return float(sum(t.remaining_ms() for t in ahead if isinstance(t, Ticket)))
+
     @contextmanager
-    def slot(self, cancel: threading.Event | None = None) -> Iterator[float]:
+    def slot(self, cancel: threading.Event | None = None,
+             ticket: Ticket | None = None) -> Iterator[float]:
         """Wait for the model; yield the queue wait in ms; release on exit.
+
+        ``ticket``: this request's predicted cost, counted in the predicted wait of
+        those behind it (and, once it runs, updated by the caller as tokens come).
 
         Raises:
             Busy: the waiting line is full.
             Cancelled: ``cancel`` was set while waiting (the place is freed).
         """
         t0 = time.perf_counter()
-        token = object()
+        token: object = ticket if ticket is not None else object()
         with self._cond:
             if self._running and len(self._waiting) >= self.queue_max:
                 raise Busy(f"generation queue is full ({self.queue_max} waiting)",
@@ -74,9 +120,11 @@ class GenerationQueue:
                 raise
             self._waiting.popleft()
             self._running = True
+            self._running_ticket = ticket
         try:
             yield (time.perf_counter() - t0) * 1000.0
         finally:
             with self._cond:
                 self._running = False
+                self._running_ticket = None
                 self._cond.notify_all()

@@ -1,15 +1,18 @@
 """Prometheus metrics for answers (text exposition format at ``GET /metrics``).
 
-Histograms of TTFT, TPOT, queue and retrieval time (ms); counters of answers by
-status, budget misses (measured TTFT > budget), prompt tokens (total, cached,
-computed) and output tokens. One registry per :class:`AnswerMetrics` so tests and apps stay apart.
+Histograms of TTFT, TPOT, queue, retrieval, auth, planning and prefill time
+and of the predicted wait (ms); counters of answers by status, budget misses
+(measured TTFT > budget, also by cause), fast rejections, prompt tokens (total,
+cached, computed) and output tokens; gauges of the queue depth and of the
+online correction (factor, p95 multiplier, coverage). One registry per
+:class:`AnswerMetrics` so tests and apps stay apart.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 if TYPE_CHECKING:
     from app.answer_types import Answer
@@ -17,6 +20,8 @@ if TYPE_CHECKING:
 # Buckets in ms: 1 ms .. 60 s, roughly x2 apart.
 MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000, 1500, 2000, 3000, 5000,
               10000, 20000, 60000)
+# The key check is microseconds to a millisecond (app.auth); finer buckets, ms.
+AUTH_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 50, 100)
 
 
 class AnswerMetrics:
@@ -33,6 +38,12 @@ class AnswerMetrics:
                                buckets=MS_BUCKETS, registry=r)
         self.retrieval = Histogram("ragbudget_retrieval_ms", "Retrieval time (ms)",
                                    buckets=MS_BUCKETS, registry=r)
+        self.auth = Histogram("ragbudget_auth_ms", "API key check (ms), inside TTFT",
+                              buckets=AUTH_BUCKETS, registry=r)
+        self.planning = Histogram("ragbudget_planning_ms", "Prompt building and planning (ms)",
+                                  buckets=MS_BUCKETS, registry=r)
+        self.prefill = Histogram("ragbudget_prefill_ms", "Model granted to first token (ms)",
+                                 buckets=MS_BUCKETS, registry=r)
         self.answers = Counter("ragbudget_answers", "Answers by status", ["status"], registry=r)
         self.budget_misses = Counter("ragbudget_budget_misses",
                                      "Answers whose measured TTFT exceeded the budget", registry=r)
@@ -40,21 +51,53 @@ class AnswerMetrics:
                               ["kind"], registry=r)
         self.output_tokens = Counter("ragbudget_output_tokens", "Generated (output) tokens",
                                      registry=r)
+        self.misses_by_cause = Counter(
+            "ragbudget_budget_misses_by_cause", "Budget misses by cause: queue (the wait), prefill "
+            "(misprediction), overhead (auth, parsing, retrieval, planning)", ["cause"], registry=r)
+        self.rejections = Counter(
+            "ragbudget_budget_rejections", "Requests refused fast (503 budget_unreachable), by where: "
+            "arrival (predicted wait) or granted (after the wait)", ["where"], registry=r)
+        self.queue_depth = Gauge("ragbudget_queue_depth", "Requests waiting for the model at the "
+                                 "latest arrival", registry=r)
+        self.predicted_wait = Histogram("ragbudget_predicted_wait_ms", "Predicted wait for the model "
+                                        "on arrival (ms)", buckets=MS_BUCKETS, registry=r)
+        self.correction_factor = Gauge("ragbudget_correction_factor", "Online correction factor of "
+                                       "the prefill prediction", registry=r)
+        self.correction_p95_multiplier = Gauge("ragbudget_correction_p95_multiplier", "Conformal "
+                                               "p95/p50 multiplier (0: not yet)", registry=r)
+        self.prefill_coverage = Gauge("ragbudget_prefill_p95_coverage", "Share of the correction "
+                                      "window's measured prefills within their predicted p95",
+                                      registry=r)
 
     def observe(self, answer: Answer) -> None:
         """Record one finished :class:`~app.answer_types.Answer`."""
         self.answers.labels(status=answer.status).inc()
         t = answer.timings
         for hist, value in ((self.ttft, t.ttft_ms), (self.tpot, t.tpot_ms),
-                            (self.queue, t.queue_ms), (self.retrieval, t.retrieval_ms)):
+                            (self.queue, t.queue_ms), (self.retrieval, t.retrieval_ms),
+                            (self.auth, t.auth_ms), (self.planning, t.planning_ms),
+                            (self.prefill, t.prefill_ms)):
             if value is not None:
                 hist.observe(float(value))
         if answer.within_budget is False:  # set by the pipeline; None = no first token
             self.budget_misses.inc()
+            self.misses_by_cause.labels(cause=answer.budget_miss_cause or "overhead").inc()
         tok = answer.tokens
         for kind, count in (("prompt", tok.prompt), ("cached", tok.cached), ("computed", tok.computed)):
             self.tokens.labels(kind=kind).inc(count)
         self.output_tokens.inc(tok.output)
+
+    def queue_state(self, depth: int, predicted_wait_ms: float) -> None:
+        """Record the queue seen by an arriving answer: depth and predicted wait (ms)."""
+        self.queue_depth.set(depth)
+        self.predicted_wait.observe(predicted_wait_ms)
+
+    def correction(self, factor: float, p95_multiplier: float | None, coverage: float | None) -> None:
+        """Record the online correction after an answer fed it."""
+        self.correction_factor.set(factor)
+        self.correction_p95_multiplier.set(p95_multiplier or 0.0)
+        if coverage is not None:
+            self.prefill_coverage.set(coverage)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""

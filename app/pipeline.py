@@ -2,9 +2,31 @@
 
 Timing definitions (vLLM's benchmark conventions, DESIGN.md):
 
+* arrival: the one clock. Over HTTP, the moment the server's outermost middleware
+  first sees the request (:mod:`app.api.clock`), so authentication, body parsing
+  and validation are inside; for ``ragbudget ask``, the call itself.
+* ``auth_ms``: the API key check (part of the time before the plan).
 * ``queue_ms``: wait for the model (the bounded FIFO in :mod:`app.genqueue`).
+* ``planning_ms``: prompt building and the plan.
+* ``prefill_ms``: the model granted to the first token with text.
 * ``ttft_ms``: request arrival to the first generated token with non-empty
-  text, queue and retrieval included.
+  text, auth, queue and retrieval included.
+
+Late binding (``late_binding``, on by default): retrieval and the full prompt
+are built on arrival, and a first plan is made with the time spent so far plus
+the queue's predicted wait (:meth:`app.genqueue.GenerationQueue.predicted_wait_ms`;
+``POST /v1/advise`` reports it). The k the answer uses is chosen again when the
+request gets the model, by :meth:`AnswerPipeline.bind` (the one hook a scheduler
+calls), from the budget minus the time actually spent. With ``online_correction``
+the plans use the fitted profile under :mod:`latency_model.correction`, fed by
+every answer's measured prefill.
+
+When even ``k = 0`` cannot make the budget (``on_budget_miss``): ``answer``
+answers anyway with ``binding == "nothing_fits"``; ``reject`` raises
+:class:`foundation.errors.BudgetUnreachable` (503, no receipt), on arrival when
+the predicted wait already rules it out, or when it gets the model. The test is
+k = 0's predicted *p50* TTFT above the budget: a request k = 0 would more likely
+than not have answered in time is never refused.
 * ``tpot_ms``: mean gap between later tokens, ``(t_last - t_first) / (n - 1)``.
 * ``retrieval_ms``: query embedding + search + fetch.
 
@@ -37,16 +59,23 @@ from app.answer_types import (
     TokenCounts,
 )
 from app.conversation import Turn, check_roles, retrieval_query
-from app.genqueue import Cancelled, GenerationQueue
+from app.genqueue import Cancelled, GenerationQueue, Ticket
 from app.metrics import AnswerMetrics
 from app.services import Services
-from app.validation import check_budget, check_k, check_max_new_tokens, check_question
-from foundation.errors import TooLarge
+from app.validation import (
+    check_budget,
+    check_k,
+    check_max_new_tokens,
+    check_on_budget_miss,
+    check_question,
+)
+from foundation.errors import BudgetUnreachable, TooLarge
 from foundation.hashing import sha256_ints, sha256_text
 from foundation.provenance import software_versions
 from generation.base import GenerationStats, GenParams, TokenEvent
 from generation.stopping import StopMatcher
-from latency_model.planner import Plan
+from latency_model.correction import CorrectedProfile, CorrectionRegistry, CorrectionState
+from latency_model.planner import Plan, PrefillBand
 from latency_model.profile import Profile
 
 if TYPE_CHECKING:
@@ -78,6 +107,11 @@ class AnswerRequest:
     history: list[Turn] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
     user: str | None = None
+    on_budget_miss: str | None = None  # "answer" | "reject"; None: the configured default
+
+
+ON_BUDGET_MISS = ("answer", "reject")
+MISS_CAUSES = ("queue", "prefill", "overhead")
 
 
 @dataclass
@@ -88,7 +122,11 @@ class Prepared:
     ``prompt`` holds the chosen k; ``query`` is the text retrieval embedded
     (:func:`app.conversation.retrieval_query`). ``arrival_t``/``prepared_t`` are
     ``time.perf_counter()`` seconds; ``timings_ms`` has ``retrieval_ms``,
-    ``planning_ms`` and ``overhead_ms`` (arrival to the plan).
+    ``planning_ms``, ``overhead_ms`` (arrival to the plan) and ``auth_ms`` (when a key was checked).
+    ``predicted_wait_ms``: the queue's predicted wait on arrival; ``queue_depth``: requests
+    waiting then; ``planner_profile``: the profile the plan used (corrected or not) and
+    ``correction`` its correction state (None when off); ``late_bound``: the plan was made
+    again when the request got the model (:meth:`AnswerPipeline.bind`).
     """
 
     request: AnswerRequest
@@ -105,6 +143,11 @@ class Prepared:
     arrival_t: float
     prepared_t: float
     timings_ms: dict[str, float] = field(default_factory=dict)
+    predicted_wait_ms: float = 0.0
+    queue_depth: int = 0
+    planner_profile: PrefillBand | None = None
+    correction: CorrectionState | None = None
+    late_bound: bool = False
 
 
 @dataclass
@@ -125,6 +168,7 @@ class InFlight:
     last_t: float | None = None
     n: int = 0
     queue_ms: float | None = None
+    granted_t: float | None = None
     stats: GenerationStats | None = None
     stop: str | None = None
     ids_per_event: bool = True
@@ -147,6 +191,10 @@ class AnswerPipeline:
         self.settings = services.settings
         self.queue = GenerationQueue(self.settings.queue_max)
         self.metrics = metrics or AnswerMetrics()
+        # Switches for an A/B in one process (benchmarks/load.py); default from the settings.
+        self.late_binding = bool(self.settings.late_binding)
+        self.online_correction = bool(self.settings.online_correction)
+        self.corrections = CorrectionRegistry(window=self.settings.correction_window)
         self._lock = threading.Lock()
         self._scaffold: Scaffold | None = None
         self._builder: PromptBuilder | None = None
@@ -192,6 +240,17 @@ class AnswerPipeline:
 
         return current_profile(self.services)
 
+    def planner_profile(self, profile: Profile) -> tuple[PrefillBand, CorrectionState | None]:
+        """The profile plans use: under its online correction when that is on (and its state)."""
+        if not self.online_correction:
+            return profile, None
+        corrected = CorrectedProfile(profile, self.corrections.get(profile.id))
+        return corrected, corrected.state
+
+    def correction_state(self, profile_id: str) -> CorrectionState:
+        """The online correction of ``profile_id`` as it stands (empty when never fed)."""
+        return self.corrections.get(profile_id).state()
+
     @staticmethod
     def prompt_chunks(hits: list[Hit]) -> list[PromptChunk]:
         """Prompt chunks (document id, version, text) for retrieval hits, in rank order."""
@@ -200,21 +259,28 @@ class AnswerPipeline:
         return [PromptChunk(document_id=h.document_id, version=h.version, text=h.text) for h in hits]
 
     # --- advise ------------------------------------------------------------------
-    def prepare(self, req: AnswerRequest, arrival_t: float | None = None) -> Prepared:
+    def prepare(self, req: AnswerRequest, arrival_t: float | None = None,
+                auth_ms: float | None = None) -> Prepared:
         """Validate, retrieve K candidates, plan k for the budget, build the prompt.
 
+        ``arrival_t``: the request's arrival (``perf_counter`` seconds; default now);
+        everything since counts against the budget. ``auth_ms``: the key check's
+        duration, already inside that time, reported apart. With late binding the
+        plan's overhead is the time spent plus the queue's predicted wait; the k it
+        picks is provisional (:meth:`bind` picks again when the model is free).
+
         Raises:
-            InvalidInput: empty/over-long question, bad budget, k_max or max_new_tokens.
+            InvalidInput: empty/over-long question, bad budget, k_max, max_new_tokens or
+                on_budget_miss.
             UnknownRevision: ``req.revision`` does not exist.
         """
-        from latency_model.planner import plan as make_plan
-
         arrival_t = arrival_t if arrival_t is not None else time.perf_counter()
         s = self.settings
         question = check_question(s, req.question)
         budget = check_budget(s, req.ttft_budget_ms)
         max_new = check_max_new_tokens(s, req.max_new_tokens)
         k_cap = check_k(s, req.k_max, s.retrieval_candidates)
+        check_on_budget_miss(req.on_budget_miss)
         check_roles(req.history)
         query = retrieval_query(question, req.history)
         t0 = time.perf_counter()
@@ -229,13 +295,12 @@ class AnswerPipeline:
                            prompt_tokens=full.prompt_tokens_for(0), context_window=gen.context_window)
         cached = bool(gen.prefix_cached(full.scaffold_ids))
         profile = self.profile()
+        planner_profile, correction = self.planner_profile(profile)
+        wait_ms = self.queue.predicted_wait_ms()
+        depth = self.queue.depth
         overhead_ms = (time.perf_counter() - arrival_t) * 1000.0
-        plan = make_plan(
-            question_tokens=full.question_tokens, scaffold_tokens=full.scaffold_len,
-            scaffold_cached=cached, chunk_tokens=list(full.chunk_token_counts), budget_ms=budget,
-            profile=profile, max_new_tokens=max_new, context_window=gen.context_window,
-            overhead_ms=overhead_ms, extra_tokens=full.framing_tokens + full.history_tokens,
-        )
+        plan = self._plan(full, cached, budget, max_new, planner_profile,
+                          overhead_ms + (wait_ms if self.late_binding else 0.0))
         k = plan.chosen_k if plan.chosen_k is not None else 0
         prompt = builder.build(scaffold.text, self.prompt_chunks(result.hits[:k]), question, req.history)
         t2 = time.perf_counter()
@@ -246,16 +311,89 @@ class AnswerPipeline:
             prompt=prompt, full_prompt=full, profile=profile, scaffold=scaffold,
             scaffold_cached=cached, query=query, arrival_t=arrival_t, prepared_t=t2,
             timings_ms={"retrieval_ms": (t1 - t0) * 1000.0, "planning_ms": (t2 - t1) * 1000.0,
-                        "overhead_ms": overhead_ms},
+                        "overhead_ms": overhead_ms,
+                        **({"auth_ms": auth_ms} if auth_ms is not None else {})},
+            predicted_wait_ms=wait_ms, queue_depth=depth, planner_profile=planner_profile,
+            correction=correction,
         )
 
-    def advise(self, req: AnswerRequest) -> Advice:
+    def _plan(self, full: Prompt, cached: bool, budget: float, max_new: int,
+              profile: PrefillBand, overhead_ms: float) -> Plan:
+        """The planner over all K candidates of ``full`` with ``overhead_ms`` already gone."""
+        from latency_model.planner import plan as make_plan
+
+        return make_plan(
+            question_tokens=full.question_tokens, scaffold_tokens=full.scaffold_len,
+            scaffold_cached=cached, chunk_tokens=list(full.chunk_token_counts), budget_ms=budget,
+            profile=profile, max_new_tokens=max_new, context_window=self.services.generator.context_window,
+            overhead_ms=overhead_ms, extra_tokens=full.framing_tokens + full.history_tokens,
+        )
+
+    def bind(self, p: Prepared, now_t: float | None = None) -> Prepared:
+        """Late binding: choose k now that the request has the model; return the updated request.
+
+        The hook a generation queue or scheduler calls when it hands ``p`` the model:
+        ``now_t`` (``perf_counter`` seconds, default now) minus ``p.arrival_t`` is the
+        time already spent (auth, retrieval, queue wait); the plan gets the budget minus
+        that, under the profile (and online correction) in force now, and the prompt is
+        rebuilt for the chosen k. The retrieval and candidate list are those of arrival.
+        The time this takes is added to ``planning_ms``.
+        """
+        t0 = time.perf_counter()
+        now_t = now_t if now_t is not None else t0
+        spent_ms = max((now_t - p.arrival_t) * 1000.0, 0.0)
+        planner_profile, correction = self.planner_profile(p.profile)
+        plan = self._plan(p.full_prompt, p.scaffold_cached, p.budget_ms, p.max_new_tokens,
+                          planner_profile, spent_ms)
+        prompt = p.prompt
+        k = plan.chosen_k if plan.chosen_k is not None else 0
+        if k != (p.plan.chosen_k or 0):
+            _, builder = self.scaffold_and_builder()
+            r = p.request
+            prompt = builder.build(p.scaffold.text, self.prompt_chunks(p.retrieval.hits[:k]),
+                                   r.question, r.history)
+        timings = dict(p.timings_ms)
+        timings["planning_ms"] = timings.get("planning_ms", 0.0) + (time.perf_counter() - t0) * 1000.0
+        return replace(p, plan=plan, prompt=prompt, planner_profile=planner_profile,
+                       correction=correction, late_bound=True, timings_ms=timings)
+
+    def _ticket(self, p: Prepared) -> Ticket:
+        """``p``'s predicted time on the model for the queue: the planned prompt's prefill p50
+        and ``max_new_tokens`` decode steps at the profile's TPOT (ms)."""
+        k = p.plan.chosen_k if p.plan.chosen_k is not None else 0
+        row = p.plan.rows[k]
+        return Ticket(prefill_ms=row.ttft_p50_ms, tpot_ms=p.profile.predict_tpot_ms(row.prompt_tokens),
+                      max_new_tokens=p.max_new_tokens)
+
+    def _check_reachable(self, p: Prepared, wait_ms: float, where: str) -> None:
+        """Refuse ``p`` (``on_budget_miss == "reject"``) when k = 0's predicted p50 TTFT is over budget.
+
+        ``wait_ms``: predicted wait still ahead (0 once the request has the model).
+
+        Raises:
+            BudgetUnreachable: 503 with the predicted TTFT and a Retry-After.
+        """
+        row = p.plan.rows[0]
+        predicted = p.plan.overhead_ms + row.ttft_p50_ms
+        if predicted <= p.budget_ms:
+            return
+        self.metrics.rejections.labels(where=where).inc()
+        retry_s = max(1.0, (self.queue.predicted_wait_ms() if where == "granted" else wait_ms) / 1000.0)
+        raise BudgetUnreachable(
+            f"even k=0 is predicted to take {predicted:.0f} ms to the first token (p50), over the "
+            f"{p.budget_ms:.0f} ms budget", retry_after_s=retry_s, predicted_ttft_ms=predicted,
+            budget_ms=p.budget_ms, predicted_wait_ms=wait_ms, where=where)
+
+    def advise(self, req: AnswerRequest, arrival_t: float | None = None,
+               auth_ms: float | None = None) -> Advice:
         """Retrieve and plan without generating: the per-k table, the choice, the profile.
+
+        ``arrival_t``/``auth_ms``: as :meth:`prepare`.
 
         Raises:
             as :meth:`prepare`.
         """
-        p = self.prepare(req)
+        p = self.prepare(req, arrival_t, auth_ms)
         return Advice(
             question=p.request.question, ttft_budget_ms=p.budget_ms,
             revision=p.retrieval.revision, plan=PlanPublic.of(p.plan),
@@ -263,24 +401,33 @@ class AnswerPipeline:
             candidates=[Citation.of(h) for h in p.retrieval.hits],
             prompt_tokens=p.prompt.prompt_tokens, scaffold_cached=p.scaffold_cached,
             timings=AdviceTimings(**p.timings_ms),
+            predicted_wait_ms=p.predicted_wait_ms, queue_depth=p.queue_depth,
+            late_binding=self.late_binding,
+            correction=p.correction.to_dict() if p.correction is not None else None,
         )
 
     # --- answer ------------------------------------------------------------------
     def stream(self, req: AnswerRequest, *, cancel: threading.Event | None = None,
-               arrival_t: float | None = None) -> Iterator[AnswerEvent]:
+               arrival_t: float | None = None, auth_ms: float | None = None) -> Iterator[AnswerEvent]:
         """Answer ``req``, yielding token events and then one final (or error) event.
 
         Validation and retrieval errors raise before anything is yielded (no
         receipt: nothing was generated). Once generation starts, a failure or a
         cancellation ends the stream with an ``error``/``final`` event and still
-        writes the receipt.
+        writes the receipt. ``arrival_t``/``auth_ms``: as :meth:`prepare`.
 
         Raises:
-            RagBudgetError: bad input, unknown revision, queue full (Busy).
+            RagBudgetError: bad input, unknown revision, queue full (Busy), even k = 0
+                over budget with ``on_budget_miss == "reject"`` (BudgetUnreachable; nothing
+                generated, no receipt).
         """
         arrival_t = arrival_t if arrival_t is not None else time.perf_counter()
         cancel = cancel or threading.Event()
-        prepared = self.prepare(req, arrival_t)
+        prepared = self.prepare(req, arrival_t, auth_ms)
+        reject = (req.on_budget_miss or self.settings.on_budget_miss) == "reject"
+        self.metrics.queue_state(prepared.queue_depth, prepared.predicted_wait_ms)
+        if reject:
+            self._check_reachable(prepared, prepared.predicted_wait_ms, "arrival")
         gen = self.services.generator
         # resolved(): a sampling request without a seed gets one drawn now, so it is recorded.
         params = GenParams(max_new_tokens=prepared.max_new_tokens, temperature=req.temperature,
@@ -289,11 +436,22 @@ class AnswerPipeline:
         # Stop strings are cut here, on the decoded text of whatever backend streams it, and
         # the same way in replay (app.receipt_wiring): one place, generation.stopping.
         stopper = StopMatcher(list(req.stop))
-        slot: AbstractContextManager[float] | None = self.queue.slot(cancel)
+        ticket = self._ticket(prepared)
+        slot: AbstractContextManager[float] | None = self.queue.slot(cancel, ticket)
         before_stats: GenerationStats | None = None
         queued_t = time.perf_counter()
         try:
             state.queue_ms = slot.__enter__()  # type: ignore[union-attr]
+            try:
+                if self.late_binding:
+                    prepared = self.bind(prepared)
+                    ticket.prefill_ms = self._ticket(prepared).prefill_ms
+                if reject:
+                    self._check_reachable(prepared, 0.0, "granted")
+            except BaseException:
+                slot.__exit__(None, None, None)  # type: ignore[union-attr]
+                raise
+            state.granted_t = time.perf_counter()
             before_stats = gen.last_stats  # the previous answer's, once we hold the model
         except Cancelled:
             state.status = "cancelled"
@@ -309,6 +467,7 @@ class AnswerPipeline:
                                         messages=prepared.prompt.messages or None)) as it:
                     for ev in it:
                         state.n += 1
+                        ticket.produced = state.n
                         state.last_t = ev.t
                         state.ids_per_event = state.ids_per_event and ev.token_id >= 0
                         if state.first_t is None and ev.text:
@@ -351,20 +510,45 @@ class AnswerPipeline:
             yield AnswerEvent("final", summary=summary)
 
     def answer(self, req: AnswerRequest, *, cancel: threading.Event | None = None,
-               arrival_t: float | None = None) -> Answer:
+               arrival_t: float | None = None, auth_ms: float | None = None) -> Answer:
         """Non-streaming :meth:`stream`: returns the final :class:`Answer` (with ``text``).
 
         Raises:
             as :meth:`stream`.
         """
         final: Answer | None = None
-        for ev in self.stream(req, cancel=cancel, arrival_t=arrival_t):
+        for ev in self.stream(req, cancel=cancel, arrival_t=arrival_t, auth_ms=auth_ms):
             if ev.kind in ("final", "error") and ev.summary is not None:
                 final = ev.summary
         assert final is not None, "the stream always ends with a final or error event"
         return final
 
     # --- receipt and summary --------------------------------------------------------
+    def _learn(self, p: Prepared, stats: GenerationStats | None, prefill_ms: float | None) -> None:
+        """Feed the measured prefill to the profile's online correction (and store its state).
+
+        The pair is the fitted profile's p50 for the tokens actually prefilled
+        (prompt, cached) and the measured time from the model granted to the first
+        token; the p95 in force for it then gives the coverage figure. Fed whether or
+        not the correction is applied, so switching it on starts from the machine as it is.
+        """
+        if stats is None or prefill_ms is None:
+            return
+        from app.profile_store import save_correction_state
+
+        prompt, cached = int(stats.prompt_tokens), int(stats.cached_tokens or 0)
+        fitted_p50 = p.profile.predict_ttft_ms(prompt, cached)[0]
+        band = p.planner_profile if p.planner_profile is not None else p.profile
+        p95_now = float(band.predict_ttft_many([prompt], [cached])[1][0])
+        correction = self.corrections.get(p.profile.id)
+        correction.observe(fitted_p50, prefill_ms, p95_now)
+        state = correction.state()
+        self.metrics.correction(state.factor, state.p95_multiplier, state.coverage)
+        try:
+            save_correction_state(self.services.data_dir, state)
+        except OSError:
+            log.warning("could not store the online correction of %s", p.profile.id, exc_info=True)
+
     def _finish(self, p: Prepared, params: GenParams, state: InFlight) -> Answer:
         """Compute timings, write the receipt, record metrics; return the :class:`Answer`."""
         stats = state.stats
@@ -381,11 +565,19 @@ class AnswerPipeline:
         cached_tokens = int(stats.cached_tokens or 0) if stats is not None else 0
         k = p.plan.chosen_k if p.plan.chosen_k is not None else 0
         row = p.plan.rows[k] if p.plan.rows and k < len(p.plan.rows) else None
+        prefill_ms = ((first_t - state.granted_t) * 1000.0
+                      if first_t is not None and state.granted_t is not None else None)
+        self._learn(p, stats, prefill_ms)
+        spent_ms = ((state.granted_t - p.arrival_t) * 1000.0 if state.granted_t is not None else None)
+        within = None if ttft_ms is None else bool(ttft_ms <= p.budget_ms)
+        corr = p.correction
         summary = Answer(
             status=state.status, error=state.error, text=text,
             question=p.request.question, ttft_budget_ms=p.budget_ms,
             # measured TTFT <= budget; None when no token came (nothing to measure).
-            within_budget=None if ttft_ms is None else bool(ttft_ms <= p.budget_ms),
+            within_budget=within,
+            budget_miss_cause=(_miss_cause(p, row, spent_ms, state.queue_ms) if within is False
+                               else None),
             revision=p.retrieval.revision, chosen_k=k, binding=p.plan.binding,
             # predicted TTFT = measured pre-prefill overhead + the profile's prefill p50/p95,
             # the same quantity as the measured ttft_ms (arrival to first token).
@@ -394,12 +586,17 @@ class AnswerPipeline:
                 ttft_p95_ms=row.ttft_p95_ms + p.plan.overhead_ms if row else None,
                 prefill_p50_ms=row.ttft_p50_ms if row else None,
                 overhead_ms=p.plan.overhead_ms, profile_id=p.profile.id,
-                profile_source=p.profile.source),
+                profile_source=p.profile.source, wait_ms=p.predicted_wait_ms,
+                late_bound=p.late_bound,
+                correction_factor=corr.factor if corr is not None else None,
+                p95_multiplier=corr.p95_multiplier if corr is not None else None),
             timings=AnswerTimings(
                 queue_ms=state.queue_ms, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
                 retrieval_ms=p.timings_ms.get("retrieval_ms"),
                 overhead_ms=p.timings_ms.get("overhead_ms"),
-                total_ms=(time.perf_counter() - p.arrival_t) * 1000.0),
+                total_ms=(time.perf_counter() - p.arrival_t) * 1000.0,
+                auth_ms=p.timings_ms.get("auth_ms"), planning_ms=p.timings_ms.get("planning_ms"),
+                prefill_ms=prefill_ms),
             tokens=TokenCounts(prompt=prompt_tokens, cached=cached_tokens,
                                computed=prompt_tokens - cached_tokens, output=n_out),
             citations=[Citation.of(h) for h in p.retrieval.hits[:k]],
@@ -446,7 +643,9 @@ class AnswerPipeline:
                   "predicted_ttft_p95_ms": summary.predicted.ttft_p95_ms,
                   "profile_id": p.profile.id, "profile_source": p.profile.source,
                   "overhead_ms": p.timings_ms.get("overhead_ms"),
-                  "scaffold_cached": p.scaffold_cached, "rows": p.plan.to_dict().get("rows", [])},
+                  "scaffold_cached": p.scaffold_cached, "rows": p.plan.to_dict().get("rows", []),
+                  "predicted_wait_ms": p.predicted_wait_ms, "late_bound": p.late_bound,
+                  "correction": p.correction.to_dict() if p.correction is not None else None},
             scaffold={"id": p.scaffold.id, "name": p.scaffold.name, "hash": p.scaffold.hash},
             prompt={"token_ids_hash": p.prompt.prompt_hash, "prompt_tokens": summary.tokens.prompt,
                     "cached_tokens": summary.tokens.cached,
@@ -467,6 +666,19 @@ class AnswerPipeline:
             **({"extra": {"engine_prompt": engine_prompt}} if engine_prompt else {}),
         )
         return str(append_receipt(self.services.engine, body).id)
+
+
+def _miss_cause(p: Prepared, row: Any, spent_ms: float | None, queue_ms: float | None) -> str:
+    """Why a measured TTFT went over budget: ``prefill`` (the plan fitted at p95 once the model
+    was free, so the prefill took longer than predicted), else what ate the budget before
+    prefill: ``queue`` (the wait for the model was the larger part) or ``overhead`` (auth,
+    parsing, retrieval, planning)."""
+    if spent_ms is None or row is None:
+        return "overhead"
+    if spent_ms + row.ttft_p95_ms <= p.budget_ms:
+        return "prefill"
+    q = queue_ms or 0.0
+    return "queue" if q >= spent_ms - q else "overhead"
 
 
 def _finish_reason(state: InFlight, max_new_tokens: int, n_out: int) -> FinishReason:

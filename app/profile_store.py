@@ -14,6 +14,7 @@ receipt's profile id always resolves) and returned.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -224,3 +225,34 @@ def current_profile(services: Any) -> Profile:
     prior = make_prior(identity, config)
     save_profile(engine, data_dir, prior)
     return prior
+
+
+def correction_path(data_dir: Path, profile_id: str) -> Path:
+    """``<data_dir>/profiles/corrections/<hex>.json``: a profile's online correction, as last stored."""
+    return profiles_dir(data_dir) / "corrections" / (profile_id.removeprefix("sha256:") + ".json")
+
+
+def save_correction_state(data_dir: Path, state: Any) -> Path:
+    """Store a :class:`latency_model.correction.CorrectionState` (atomically: write, then rename).
+
+    The serving process writes it after each answer; ``ragbudget profiles show`` reads it.
+    The profile file itself (its fitted coefficients) is never touched.
+
+    Raises:
+        OSError: the directory cannot be written.
+    """
+    path = correction_path(data_dir, state.profile_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(state.to_dict(), sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def load_correction_state(data_dir: Path, profile_id: str) -> dict[str, Any] | None:
+    """The stored online correction of ``profile_id`` (a dict), or None when there is none."""
+    try:
+        data = json.loads(correction_path(data_dir, profile_id).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -71,6 +71,16 @@ class Settings(BaseSettings):
     retrieval_candidates: int = Field(16, ge=1, description="K: candidates retrieved per "
                                       "question; the planner picks k <= K.")
     queue_max: int = Field(8, ge=0, description="Answers waiting for the local model; more is 429.")
+    late_binding: bool = Field(True, description="Choose k when the request gets the model, from the "
+                               "budget minus the time already spent (and plan on arrival with the "
+                               "predicted wait); off: k is chosen on arrival, the wait unseen.")
+    online_correction: bool = Field(True, description="Correct the fitted profile's prefill "
+                                    "prediction from measured prefills (latency_model.correction).")
+    correction_window: int = Field(40, ge=1, le=10_000, description="Answers the online correction "
+                                   "keeps (N).")
+    on_budget_miss: Literal["answer", "reject"] = Field(
+        "answer", description="When even k=0 cannot make the budget: answer anyway (flagged) or "
+        "refuse with 503 budget_unreachable; a request may choose for itself.")
 
     # --- limits (HTTP 413/422 with a code) --------------------------------------
     max_body_bytes: int = 32 * 1024 * 1024

@@ -80,3 +80,15 @@ def check_query(settings: Settings, query: str, k: int) -> None:
     if not 1 <= k <= settings.max_k:
         raise InvalidInput(f"k must be in [1, {settings.max_k}], got {k}", code="invalid_k",
                            limit=settings.max_k)
+
+
+def check_on_budget_miss(value: str | None) -> str | None:
+    """Return ``value`` (``answer``, ``reject`` or None for the configured default).
+
+    Raises:
+        InvalidInput: (``invalid_on_budget_miss``) any other value.
+    """
+    if value is not None and value not in ("answer", "reject"):
+        raise InvalidInput(f"on_budget_miss must be 'answer' or 'reject', got {value!r}",
+                           code="invalid_on_budget_miss", field="on_budget_miss")
+    return value

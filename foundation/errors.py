@@ -23,6 +23,7 @@ never here::
     │   └── UnknownProfile              unknown_profile
     ├── Conflict                        conflict             (concurrent writers, retry)
     ├── Busy                            busy                 (queue full; retry later)
+    ├── BudgetUnreachable               budget_unreachable   (not even k = 0 can make the TTFT budget)
     ├── AuthError
     │   ├── Unauthenticated             unauthenticated
     │   └── Forbidden                   forbidden
@@ -165,6 +166,23 @@ class Busy(RagBudgetError):
     def __init__(self, message: str, *, retry_after_s: float = 1.0, **details: Any) -> None:
         super().__init__(message, retry_after_s=retry_after_s, **details)
         self.retry_after_s = retry_after_s
+
+
+class BudgetUnreachable(RagBudgetError):
+    """Even ``k = 0`` cannot make the request's TTFT budget and it asked to be refused.
+
+    ``predicted_ttft_ms``: the TTFT ``k = 0`` would have (time spent + predicted wait +
+    predicted prefill p50); ``retry_after_s``: when the model is predicted to be free.
+    """
+
+    code = "budget_unreachable"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, predicted_ttft_ms: float,
+                 **details: Any) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, predicted_ttft_ms=predicted_ttft_ms,
+                         **details)
+        self.retry_after_s = retry_after_s
+        self.predicted_ttft_ms = predicted_ttft_ms
 
 
 class AuthError(RagBudgetError):

@@ -17,12 +17,37 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from foundation.errors import InvalidInput
-from latency_model.profile import Profile
 
 BINDINGS = ("budget", "context_window", "candidates_exhausted", "nothing_fits")
+
+
+class PrefillBand(Protocol):
+    """What the planner reads of a profile: its id and source and the prefill p50/p95 band.
+
+    A :class:`~latency_model.profile.Profile`, or one under an online correction
+    (:class:`~latency_model.correction.CorrectedProfile`).
+    """
+
+    @property
+    def id(self) -> str:
+        """The profile's content id (``sha256:...``)."""
+        ...
+
+    @property
+    def source(self) -> str:
+        """``fitted`` or ``prior``."""
+        ...
+
+    def predict_ttft_many(self, prompt_tokens: ArrayLike,
+                          cached_tokens: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """``((N,) p50 ms, (N,) p95 ms)`` of prefill for each (prompt, cached) pair."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -82,7 +107,7 @@ def _check_count(name: str, value: int, minimum: int = 0) -> int:
 
 
 def plan(*, question_tokens: int, scaffold_tokens: int, scaffold_cached: bool,
-         chunk_tokens: list[int], budget_ms: float, profile: Profile, max_new_tokens: int,
+         chunk_tokens: list[int], budget_ms: float, profile: PrefillBand, max_new_tokens: int,
          context_window: int, overhead_ms: float = 0.0, extra_tokens: int = 0) -> Plan:
     """Choose how many ranked chunks fit ``budget_ms`` at p95 and the context window.
 
@@ -92,10 +117,11 @@ def plan(*, question_tokens: int, scaffold_tokens: int, scaffold_cached: bool,
         scaffold_cached: the scaffold is served from the prefix KV cache.
         chunk_tokens: token count of each candidate chunk, in rank order (as laid out).
         budget_ms: TTFT budget in ms (finite, > 0).
-        profile: latency profile of the generator on this device.
+        profile: latency profile of the generator on this device (possibly corrected online).
         max_new_tokens: tokens the answer may generate (must fit the window too).
         context_window: the model's maximum sequence length in tokens.
-        overhead_ms: measured time spent before prefill (retrieval, tokenisation), >= 0.
+        overhead_ms: time before prefill, >= 0: measured so far (auth, retrieval, tokenisation,
+            queue wait) plus, when planning before the request has the model, its predicted wait.
         extra_tokens: template/label tokens outside scaffold, chunks and question, counted exactly.
 
     Returns:

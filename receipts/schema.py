@@ -66,6 +66,10 @@ SECTIONS: dict[str, dict[str, str]] = {
     "software": {"python": "str?", "torch": "str?", "transformers": "str?",
                  "sentence_transformers": "str?", "faiss": "str?", "ragbudget": "str?"},
 }
+# Timings that answers record from the one request clock on (DESIGN.md, issue "one clock"):
+# optional, so receipts written before them verify unchanged; checked when present.
+OPTIONAL_TIMINGS = {"auth_ms": "num?", "planning_ms": "num?", "prefill_ms": "num?",
+                    "overhead_ms": "num?"}
 GENERATION_PARAMS = {"max_new_tokens": "int", "temperature": "num", "top_p": "num", "seed": "int?"}
 # What version 2 adds or changes, per section (checked on top of the version-1 specs).
 V2_CANDIDATE = {**CANDIDATE, "chunk_id": "idstr"}
@@ -198,6 +202,10 @@ def validate_body(body: dict[str, Any]) -> None:
         raise InvalidInput("plan.profile_source must be 'fitted' or 'prior'", field="plan.profile_source")
     if body["generator"] is not None:
         _check_fields(body["generator"]["params"], GENERATION_PARAMS, "generator.params")
+    if body["timings"] is not None:
+        for name, spec in OPTIONAL_TIMINGS.items():
+            if name in body["timings"]:
+                _check_type(body["timings"][name], spec, f"timings.{name}")
     out = body["output"]
     if out is not None and out.get("token_ids") is not None:
         _check_type(out["token_ids"], "list", "output.token_ids")

@@ -23,6 +23,7 @@ from app.api import (
     routes_receipts,
     routes_retrieval,
 )
+from app.api.clock import ArrivalClockMiddleware
 from app.api.errors import ERROR_RESPONSES, install_error_handlers
 from app.api.limits import BodyLimitMiddleware
 from app.pipeline import AnswerPipeline
@@ -57,6 +58,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.pipeline = AnswerPipeline(services)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=services.settings.max_body_bytes)
+    # Added last, so outermost: the request's one clock starts before anything else of ours runs.
+    app.add_middleware(ArrivalClockMiddleware)
     for router in ROUTERS:
         app.include_router(router, responses=ERROR_RESPONSES)
     register_console(app)

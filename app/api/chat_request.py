@@ -10,7 +10,8 @@ of OpenAI's Chat Completions request falls in one of three groups:
   (``include_usage``), ``max_tokens`` / ``max_completion_tokens``,
   ``temperature``, ``top_p``, ``seed`` (0 .. 2**53 - 1), ``stop`` (a string or
   up to 4), ``user`` (recorded in the receipt), and ragbudget's own
-  ``ttft_budget_ms`` and ``revision``;
+  ``ttft_budget_ms``, ``revision`` and ``on_budget_miss`` (``answer`` or
+  ``reject``; also the header ``X-Ragbudget-On-Budget-Miss``, the body wins);
 * accepted only with the value that changes nothing (:data:`NEUTRAL`): ``n``
   1, penalties 0, ``logprobs`` false, ``response_format`` ``{"type": "text"}``,
   ``tool_choice`` ``"none"``, ``tools`` ``[]``, ``modalities`` ``["text"]``,
@@ -24,7 +25,7 @@ of OpenAI's Chat Completions request falls in one of three groups:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -103,6 +104,9 @@ class ChatCompletionCreate(BaseModel):
     user: str | None = Field(None, max_length=MAX_USER_CHARS, description="recorded in the receipt")
     ttft_budget_ms: float | None = Field(None, description="ragbudget: TTFT budget in ms")
     revision: int | None = Field(None, ge=1, le=MAX_REVISION, description="ragbudget: corpus revision")
+    on_budget_miss: Literal["answer", "reject"] | None = Field(
+        None, description="ragbudget: when even k=0 cannot make the budget, answer anyway (flagged) "
+        "or refuse with 503 budget_unreachable; default: the server's setting")
 
 
 @dataclass
@@ -127,6 +131,7 @@ class ChatRequest:
     user: str | None = None
     ttft_budget_ms: float | None = None
     revision: int | None = None
+    on_budget_miss: str | None = None
 
 
 def _neutral(value: Any, allowed: list[Any]) -> bool:
@@ -227,4 +232,4 @@ def to_chat_request(body: ChatCompletionCreate) -> ChatRequest:
         max_new_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature or 0.0, top_p=body.top_p if body.top_p is not None else 1.0,
         seed=body.seed, stop=normalize_stop(body.stop), user=body.user,
-        ttft_budget_ms=body.ttft_budget_ms, revision=body.revision)
+        ttft_budget_ms=body.ttft_budget_ms, revision=body.revision, on_budget_miss=body.on_budget_miss)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from fastapi import Depends, Request
 
+from app.api.clock import record_auth_ms
 from app.auth import ANONYMOUS_ADMIN, Principal, authenticate, require
 from app.services import Services
 
@@ -25,12 +27,19 @@ def _presented_key(request: Request) -> str | None:
 def get_principal(request: Request, services: Services = Depends(get_services)) -> Principal:
     """The caller's principal; everyone is admin when auth is disabled.
 
+    The key check's duration is recorded on the request (``auth_ms``, :mod:`app.api.clock`),
+    so an answer reports it apart inside its TTFT.
+
     Raises:
         Unauthenticated: (401) missing or unknown key.
     """
     if not services.settings.auth_enabled:
         return ANONYMOUS_ADMIN
-    return authenticate(services.engine, _presented_key(request))
+    t0 = time.perf_counter()
+    try:
+        return authenticate(services.engine, _presented_key(request))
+    finally:
+        record_auth_ms(request, (time.perf_counter() - t0) * 1000.0)
 
 
 def require_role(role: str) -> Callable[..., Principal]:

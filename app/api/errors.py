@@ -11,6 +11,7 @@ routes answer 422.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,6 +21,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from foundation.errors import (
+    BudgetUnreachable,
     Busy,
     Conflict,
     Forbidden,
@@ -39,6 +41,7 @@ STATUS: list[tuple[type[RagBudgetError], int]] = [
     (NotFound, 404),
     (Conflict, 409),
     (Busy, 429),
+    (BudgetUnreachable, 503),
     (Unauthenticated, 401),
     (Forbidden, 403),
     (IntegrityFailure, 409),
@@ -147,8 +150,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RagBudgetError)
     async def _ragbudget_error(req: Request, exc: RagBudgetError) -> JSONResponse:
         headers = {}
-        if isinstance(exc, Busy):
-            headers["Retry-After"] = str(max(1, int(round(exc.retry_after_s))))
+        if isinstance(exc, Busy | BudgetUnreachable):
+            headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
         if isinstance(exc, Unauthenticated):
             headers["WWW-Authenticate"] = "Bearer"
         return respond(req, status_for(exc), exc.code, exc.message, exc.details, headers)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.answer_types import Advice, AdviceCurve, Answer
+from app.api.clock import arrival_of, auth_ms_of
 from app.api.deps import require_role
 from app.api.streaming import iterate_in_thread
 from app.pipeline import AnswerEvent, AnswerPipeline, AnswerRequest
@@ -49,13 +49,17 @@ class AnswerCreate(BaseModel):
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="0..2**53-1 (a JSON-safe integer)")
+    on_budget_miss: Literal["answer", "reject"] | None = Field(
+        None, description="when even k=0 cannot make the budget: answer anyway (binding nothing_fits) "
+        "or refuse with 503 budget_unreachable, Retry-After and no receipt; default: the server's "
+        "setting (RAGBUDGET_ON_BUDGET_MISS)")
 
     def to_request(self) -> AnswerRequest:
         """The pipeline's request (``app.pipeline.AnswerRequest``); ``stream`` stays with the route."""
         return AnswerRequest(question=self.question, ttft_budget_ms=self.ttft_budget_ms,
                              max_new_tokens=self.max_new_tokens, revision=self.revision,
                              k_max=self.k_max, temperature=self.temperature, top_p=self.top_p,
-                             seed=self.seed)
+                             seed=self.seed, on_budget_miss=self.on_budget_miss)
 
 
 class AdviseCreate(BaseModel):
@@ -93,12 +97,15 @@ async def answer(body: AnswerCreate, request: Request,
 
     Errors: 400 ``malformed_body`` (not JSON), 422 bad input (codes ``empty_question``,
     ``invalid_budget``, ``invalid_request`` for schema violations such as unknown fields),
-    404 ``unknown_revision``, 429 ``busy`` with Retry-After.
+    404 ``unknown_revision``, 429 ``busy`` with Retry-After, 503 ``budget_unreachable`` with
+    Retry-After and ``details.predicted_ttft_ms`` (``on_budget_miss: reject`` and even k = 0 is
+    predicted over budget; no receipt).
     """
-    arrival = time.perf_counter()
+    arrival, auth_ms = arrival_of(request), auth_ms_of(request)
     cancel = threading.Event()
     req = body.to_request()
-    events = iterate_in_thread(lambda: pipeline.stream(req, cancel=cancel, arrival_t=arrival),
+    events = iterate_in_thread(lambda: pipeline.stream(req, cancel=cancel, arrival_t=arrival,
+                                                       auth_ms=auth_ms),
                                cancel, request)
     first: AnswerEvent = await events.__anext__()  # validation errors raise here -> 4xx
     if not body.stream:
@@ -125,13 +132,15 @@ async def answer(body: AnswerCreate, request: Request,
 
 
 @router.post("/v1/advise", dependencies=[Depends(require_role("copilot"))], response_model=Advice)
-def advise(body: AdviseCreate, pipeline: AnswerPipeline = Depends(get_pipeline)) -> Advice:
+def advise(body: AdviseCreate, request: Request,
+           pipeline: AnswerPipeline = Depends(get_pipeline)) -> Advice:
     """Retrieve and plan: the per-k table (prompt/cached/computed tokens, predicted TTFT p50/p95,
     fits budget, fits context), the chosen k with its binding reason, and the profile used
     (``source``: fitted or prior). Errors: 422 ``invalid_budget`` / ``empty_question``, 404."""
     return pipeline.advise(AnswerRequest(question=body.question, ttft_budget_ms=body.ttft_budget_ms,
                                          revision=body.revision, k_max=body.k_max,
-                                         max_new_tokens=body.max_new_tokens))
+                                         max_new_tokens=body.max_new_tokens),
+                           arrival_of(request), auth_ms_of(request))
 
 
 @router.get("/v1/advise/curve", dependencies=[Depends(require_role("copilot"))],

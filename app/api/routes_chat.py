@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field
 
 from app.answer_types import Answer, AnswerTimings, Citation, PredictedTTFT
 from app.api.chat_request import ChatCompletionCreate, to_chat_request
+from app.api.clock import arrival_of, auth_ms_of
 from app.api.deps import require_role
 from app.api.routes_answer import SSE_RESPONSE, get_pipeline
 from app.api.routes_models import check_model
@@ -118,6 +119,8 @@ def _finish_reason(summary: Answer) -> Literal["stop", "length"]:
              response_model=ChatCompletion, responses=SSE_RESPONSE)
 async def chat_completions(body: ChatCompletionCreate, request: Request, response: Response,
                            x_ttft_budget_ms: float | None = Header(None),
+                           x_ragbudget_on_budget_miss: str | None = Header(
+                               None, description="answer or reject (the body field wins)"),
                            pipeline: AnswerPipeline = Depends(get_pipeline)) -> Any:
     """OpenAI chat completion answered by the RAG pipeline (see the module docstring).
 
@@ -125,19 +128,24 @@ async def chat_completions(body: ChatCompletionCreate, request: Request, respons
     (``n`` > 1, tools, a response format other than text, logprobs, image or audio
     parts, tool roles, unknown fields), 400 ``invalid_message`` / ``invalid_stop`` /
     ``last_message_not_user`` / ``empty_question`` / ``invalid_budget`` / ...,
-    404 ``model_not_found``, 413 ``question_too_long``, 429 ``busy``.
+    404 ``model_not_found``, 413 ``question_too_long``, 429 ``busy``, 503 ``budget_unreachable``
+    (``on_budget_miss: reject``, or the header ``X-Ragbudget-On-Budget-Miss: reject``, and even
+    k = 0 is predicted over budget; ``Retry-After``; no receipt).
     """
-    arrival = time.perf_counter()
+    arrival, auth_ms = arrival_of(request), auth_ms_of(request)
     chat = to_chat_request(body)
     check_model(pipeline.services, chat.model)
     budget = chat.ttft_budget_ms if chat.ttft_budget_ms is not None else x_ttft_budget_ms
+    on_miss = chat.on_budget_miss if chat.on_budget_miss is not None else x_ragbudget_on_budget_miss
     req = AnswerRequest(question=chat.question, ttft_budget_ms=budget, max_new_tokens=chat.max_new_tokens,
+                        on_budget_miss=on_miss,
                         revision=chat.revision, temperature=chat.temperature, top_p=chat.top_p,
                         seed=chat.seed, history=chat.history, stop=chat.stop, user=chat.user)
     cid = "chatcmpl-" + uuid.uuid4().hex
     created = int(time.time())
     cancel = threading.Event()
-    events = iterate_in_thread(lambda: pipeline.stream(req, cancel=cancel, arrival_t=arrival),
+    events = iterate_in_thread(lambda: pipeline.stream(req, cancel=cancel, arrival_t=arrival,
+                                                       auth_ms=auth_ms),
                                cancel, request)
     first: AnswerEvent = await events.__anext__()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import get_services, require_role
@@ -65,6 +65,10 @@ class ProfileDetail(ProfilePublic):
     """
 
     samples: dict[str, list[list[Any]]] | None = None
+    correction: dict[str, Any] | None = Field(
+        None, description="the online correction this server applies on top of the fitted "
+        "coefficients (which it never rewrites): factor, p95_multiplier, n answers of window, active, "
+        "coverage (latency_model.correction.CorrectionState); reset by a new calibration")
 
 
 def _public(summary: dict[str, Any]) -> ProfilePublic:
@@ -83,10 +87,11 @@ def list_latency_profiles(services: Services = Depends(get_services)) -> Profile
 
 @router.get("/profiles/{profile_id}", dependencies=[Depends(require_role("copilot"))],
             response_model=ProfileDetail, response_model_exclude_unset=True)
-def get_latency_profile(profile_id: str, samples: bool = Query(
+def get_latency_profile(profile_id: str, request: Request, samples: bool = Query(
         True, description="include the raw calibration samples"),
         services: Services = Depends(get_services)) -> ProfileDetail:
-    """One profile, complete (raw samples included unless ``samples=false``).
+    """One profile, complete (raw samples included unless ``samples=false``), with ``correction``:
+    the online correction this server applies to it now.
 
     ``profile_id``: ``sha256:<hex>``, the bare hex, or a unique prefix of >= 8 hex digits.
     404 ``unknown_profile`` when absent; 422 for a malformed or ambiguous id.
@@ -94,4 +99,8 @@ def get_latency_profile(profile_id: str, samples: bool = Query(
     from app.profile_store import load_profile
 
     profile = load_profile(services.engine, services.data_dir, profile_id)
-    return ProfileDetail.model_validate(profile.to_dict() if samples else profile.summary())
+    out = ProfileDetail.model_validate(profile.to_dict() if samples else profile.summary())
+    pipeline = getattr(request.app.state, "pipeline", None)
+    if pipeline is not None:
+        out.correction = pipeline.correction_state(profile.id).to_dict()
+    return out

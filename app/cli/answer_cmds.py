@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     a.add_argument("--max-new-tokens", type=int, default=None)
     a.add_argument("--revision", type=int, default=None)
     a.add_argument("--k-max", type=int, default=None)
+    a.add_argument("--on-budget-miss", choices=("answer", "reject"), default=None,
+                   help="when even k=0 cannot make the budget: answer anyway (default: "
+                        "RAGBUDGET_ON_BUDGET_MISS) or refuse (exit non-zero, no receipt)")
     add_json_flag(a)
     a.set_defaults(func=cmd_ask)
     d = sub.add_parser("advise", help="how many chunks fit the TTFT budget (no generation)")
@@ -45,12 +48,14 @@ def render_summary(s: Answer) -> str:
     cites = ", ".join(f"[{i + 1}] {c.document_id} v{c.version}" for i, c in enumerate(s.citations))
     miss = ""
     if s.within_budget is False and t.ttft_ms is not None:
-        miss = f" | OVER BUDGET by {t.ttft_ms - s.ttft_budget_ms:.0f} ms"
+        miss = (f" | OVER BUDGET by {t.ttft_ms - s.ttft_budget_ms:.0f} ms"
+                f" ({s.budget_miss_cause or 'cause unknown'})")
     return "\n".join([
         f"status {s.status} | k={s.chosen_k} ({s.binding}) | budget {_fmt(s.ttft_budget_ms)}",
         f"TTFT predicted p50 {_fmt(p.ttft_p50_ms)} / p95 {_fmt(p.ttft_p95_ms)} "
         f"[{p.profile_source} profile] | measured {_fmt(t.ttft_ms)} "
-        f"(queue {_fmt(t.queue_ms)}, retrieval {_fmt(t.retrieval_ms)}) | TPOT {_fmt(t.tpot_ms)}"
+        f"(queue {_fmt(t.queue_ms)}, retrieval {_fmt(t.retrieval_ms)}, prefill {_fmt(t.prefill_ms)})"
+        f" | TPOT {_fmt(t.tpot_ms)}"
         f"{miss}",
         f"tokens: prompt {tok.prompt} (cached {tok.cached}, computed {tok.computed}), "
         f"output {tok.output}",
@@ -70,9 +75,10 @@ def cmd_ask(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyp
     from app.pipeline import AnswerPipeline, AnswerRequest
 
     pipeline = AnswerPipeline(services)
-    pipeline.warm()
+    pipeline.warm()  # model loading stays outside the clock; the answer's clock starts at stream()
     req = AnswerRequest(question=args.question, ttft_budget_ms=args.budget_ms,
-                        max_new_tokens=args.max_new_tokens, revision=args.revision, k_max=args.k_max)
+                        max_new_tokens=args.max_new_tokens, revision=args.revision, k_max=args.k_max,
+                        on_budget_miss=args.on_budget_miss)
     cancel = threading.Event()
     summary: Answer | None = None
     try:

@@ -162,9 +162,24 @@ def cmd_show(args: argparse.Namespace, services: Any) -> int:
     ``sha256:<hex>``) described for people, or its full body with ``--json``. Returns 0;
     raises ``InvalidInput`` (exit 2) on a short or ambiguous prefix, ``UnknownProfile``
     (exit 3) when none matches, ``IntegrityFailure`` (exit 4) when the stored body no longer
-    matches its id."""
-    from app.profile_store import load_profile
+    matches its id. With the online correction the serving process last stored for it."""
+    from app.profile_store import load_correction_state, load_profile
 
     profile = load_profile(services.engine, services.data_dir, args.profile_id)
-    emit(args, profile.to_dict(), lambda p: describe(p))
+    body = profile.to_dict()
+    # The online correction as the serving process last stored it (never part of the fitted profile).
+    body["correction"] = load_correction_state(services.data_dir, profile.id)
+
+    def human(p: dict[str, Any]) -> str:
+        c = p.get("correction")
+        line = ("online correction: none stored (no answers served since this calibration)"
+                if not c else
+                f"online correction: factor {c['factor']:.3f}, p95 multiplier "
+                f"{'-' if c['p95_multiplier'] is None else format(c['p95_multiplier'], '.3f')}, "
+                f"{c['n']} of {c['window']} answers, "
+                f"{'active' if c['active'] else 'not yet active'}, p95 coverage "
+                f"{'-' if c['coverage'] is None else format(c['coverage'], '.0%')}")
+        return describe(p) + "\n" + line
+
+    emit(args, body, human)
     return 0

@@ -105,3 +105,61 @@ class EchoGenerator:
 
     def config_dict(self) -> dict[str, Any]:
         return dict(SMOLLM2)
+
+
+class StepGenerator(EchoGenerator):
+    """:class:`EchoGenerator` on a fixed schedule: a prefill of ``slow x`` the fake timer's true
+    cost (``tests.latency_model.conftest.TRUE_PREFILL`` of the computed tokens), then one token
+    per decode step of ``TRUE_DECODE`` at the prompt's length (sleeps, in ms).
+
+    ``schedule_ms(prompt, cached, n)`` is the time the model is held for ``n`` tokens, which a
+    test compares with the planner's predicted wait. ``gate`` holds it before the prefill.
+    """
+
+    def __init__(self, tokenizer: CharTokenizer, reply: str = "fake answer",
+                 gate: threading.Event | None = None, slow: float = 1.0) -> None:
+        super().__init__(tokenizer, reply, gate)
+        self.slow = slow
+
+    @staticmethod
+    def true_prefill_ms(prompt_tokens: int, cached_tokens: int) -> float:
+        from tests.latency_model.conftest import TRUE_PREFILL as k
+
+        m = prompt_tokens - cached_tokens
+        return k["a"] + k["b"] * m + k["g"] * m * (prompt_tokens + cached_tokens)
+
+    @staticmethod
+    def step_ms(context_tokens: int) -> float:
+        from tests.latency_model.conftest import TRUE_DECODE as d
+
+        return d["d"] + d["e"] * context_tokens
+
+    def schedule_ms(self, prompt_tokens: int, cached_tokens: int, n: int) -> float:
+        """The model's busy time for an answer of ``n`` tokens (prefill + n - 1 steps), ms."""
+        return (self.slow * self.true_prefill_ms(prompt_tokens, cached_tokens)
+                + max(n - 1, 0) * self.step_ms(prompt_tokens))
+
+    def stream(self, prompt_ids: list[int], *, cached_prefix_ids: list[int] | None = None,
+               params: GenParams, cancel: threading.Event | None = None,
+               messages: list[dict[str, str]] | None = None) -> Iterator[TokenEvent]:
+        inner = super().stream(prompt_ids, cached_prefix_ids=cached_prefix_ids, params=params,
+                               cancel=cancel, messages=messages)
+        prefix = tuple(cached_prefix_ids or ())
+        cached = len(prefix) if prefix and prefix in self._cached else 0
+        n = len(prompt_ids)
+        delays = iter([self.slow * self.true_prefill_ms(n, cached)])
+
+        def delay() -> float:
+            return next(delays, self.step_ms(n))
+
+        try:
+            yield from _delayed(inner, delay)
+        finally:
+            inner.close()
+
+
+def _delayed(events: Iterator[TokenEvent], delay_ms: Any) -> Iterator[TokenEvent]:
+    """Sleep ``delay_ms()`` before each event and restamp it with the time it is released."""
+    for ev in events:
+        time.sleep(delay_ms() / 1000.0)
+        yield TokenEvent(index=ev.index, token_id=ev.token_id, text=ev.text, t=time.perf_counter())

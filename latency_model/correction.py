@@ -1,0 +1,214 @@
+"""Online correction of a fitted profile: the prediction follows the machine as it is now.
+
+A profile is fitted once, on a machine as busy as it was then. Every answer
+then measures its prefill (the model granted to the first token); this module
+keeps the last ``window`` pairs (fitted p50 prediction, measured time) and puts
+two bounded terms on top of the fitted profile, which itself is never changed:
+
+* ``factor``: the median of ``measured / predicted_p50`` over the window,
+  clamped to ``[min_factor, max_factor]``; corrected p50 = fitted p50 x factor.
+* ``p95_multiplier``: split-conformal (Vovk et al., *Algorithmic Learning in a
+  Random World*, 2005; Angelopoulos & Bates, *A Gentle Introduction to Conformal
+  Prediction*, 2021, section 1) over the scores ``measured / (predicted_p50 x
+  factor)``: the ``ceil((n + 1) x 0.95)``-th smallest score, so that a new
+  answer's measured prefill is below ``p50 x factor x multiplier`` with
+  probability >= 0.95 when the window is exchangeable with it. With fewer than
+  19 scores that rank is beyond the window; the fitted p95/p50 spread is used,
+  widened to the largest score seen. Bounded by ``max_multiplier``.
+
+Until ``min_samples`` answers have been seen the fitted prediction is used
+unchanged (factor 1). A new calibration is a new profile id and starts a fresh
+correction (:class:`CorrectionRegistry`); so does :meth:`OnlineCorrection.reset`.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from foundation.errors import InvalidInput
+
+COVERAGE = 0.95
+
+
+@dataclass(frozen=True)
+class CorrectionState:
+    """A snapshot: what the correction applies now and from how many answers.
+
+    ``factor`` multiplies fitted p50 and p95; ``p95_multiplier`` (``None`` until
+    enough answers) sets corrected p95 = corrected p50 x multiplier, replacing the
+    fitted spread; ``n`` answers in the window (of ``window``); ``coverage`` share of
+    the window's measured prefills at or below the p95 predicted for them at the
+    time (``None`` when empty).
+    """
+
+    profile_id: str
+    factor: float
+    p95_multiplier: float | None
+    n: int
+    window: int
+    active: bool
+    coverage: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field."""
+        return {"profile_id": self.profile_id, "factor": self.factor,
+                "p95_multiplier": self.p95_multiplier, "n": self.n, "window": self.window,
+                "active": self.active, "coverage": self.coverage}
+
+
+class OnlineCorrection:
+    """The rolling correction of one profile (thread-safe).
+
+    Args:
+        profile_id: the profile it corrects.
+        window: answers kept (N >= 1).
+        min_samples: answers needed before it applies (>= 1, <= window).
+        min_factor, max_factor: bounds of the multiplicative factor (0 < min <= 1 <= max).
+        max_multiplier: bound of the p95/p50 multiplier (>= 1).
+
+    Raises:
+        InvalidInput: a bound out of range.
+    """
+
+    def __init__(self, profile_id: str, *, window: int = 40, min_samples: int = 5,
+                 min_factor: float = 0.25, max_factor: float = 4.0, max_multiplier: float = 4.0) -> None:
+        if window < 1 or not 1 <= min_samples <= window:
+            raise InvalidInput("need window >= 1 and 1 <= min_samples <= window", field="window")
+        if not 0 < min_factor <= 1.0 <= max_factor or max_multiplier < 1.0:
+            raise InvalidInput("need 0 < min_factor <= 1 <= max_factor and max_multiplier >= 1",
+                               field="min_factor")
+        self.profile_id = profile_id
+        self.window = window
+        self.min_samples = min_samples
+        self.min_factor = min_factor
+        self.max_factor = max_factor
+        self.max_multiplier = max_multiplier
+        self._lock = threading.Lock()
+        self._pairs: deque[tuple[float, float, bool]] = deque(maxlen=window)
+
+    def reset(self) -> None:
+        """Forget every answer: the fitted prediction applies unchanged again."""
+        with self._lock:
+            self._pairs.clear()
+
+    def observe(self, predicted_p50_ms: float, measured_ms: float,
+                predicted_p95_ms: float | None = None) -> None:
+        """Add one answer: the fitted (uncorrected) p50 prediction and the measured prefill, ms.
+
+        ``predicted_p95_ms``: the p95 that was in force for it (for the coverage figure).
+        Non-finite or non-positive values are ignored (nothing to learn from).
+        """
+        if not (math.isfinite(predicted_p50_ms) and math.isfinite(measured_ms)
+                and predicted_p50_ms > 0 and measured_ms > 0):
+            return
+        covered = predicted_p95_ms is None or measured_ms <= predicted_p95_ms
+        with self._lock:
+            self._pairs.append((float(predicted_p50_ms), float(measured_ms), bool(covered)))
+
+    def state(self) -> CorrectionState:
+        """The correction in force now (see :class:`CorrectionState`)."""
+        with self._lock:
+            pairs = list(self._pairs)
+        n = len(pairs)
+        coverage = sum(1 for *_, c in pairs if c) / n if n else None
+        if n < self.min_samples:
+            return CorrectionState(self.profile_id, 1.0, None, n, self.window, False, coverage)
+        ratios = np.array([m / p for p, m, _ in pairs])
+        factor = float(np.clip(np.median(ratios), self.min_factor, self.max_factor))
+        scores = np.sort(ratios / factor)
+        rank = math.ceil((n + 1) * COVERAGE)
+        mult: float | None = float(scores[rank - 1]) if rank <= n else None
+        if mult is not None:
+            mult = float(min(max(mult, 1.0), self.max_multiplier))
+        return CorrectionState(self.profile_id, factor, mult, n, self.window, True, coverage)
+
+    def apply(self, p50: ArrayLike, p95: ArrayLike,
+              state: CorrectionState | None = None) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Corrected ``(p50, p95)`` arrays from the fitted ones (ms), under ``state`` (default: now).
+
+        p50' = p50 x factor; p95' = p50' x multiplier when the window holds enough answers
+        for the conformal rank, else max(p95 x factor, p50' x largest score), capped at
+        p50' x ``max_multiplier`` and never below p50'.
+        """
+        st = state or self.state()
+        a50 = np.asarray(p50, dtype=np.float64)
+        a95 = np.asarray(p95, dtype=np.float64)
+        if not st.active:
+            return a50, a95
+        c50 = a50 * st.factor
+        if st.p95_multiplier is not None:
+            c95 = c50 * st.p95_multiplier
+        else:
+            with self._lock:
+                ratios = [m / p for p, m, _ in self._pairs]
+            top = max(ratios) / st.factor if ratios else 1.0
+            c95 = np.minimum(np.maximum(a95 * st.factor, c50 * top), c50 * self.max_multiplier)
+        return c50, np.maximum(c95, c50)
+
+
+class CorrectedProfile:
+    """A profile with its online correction applied to every prefill prediction.
+
+    Has what the planner reads (``id``, ``source``, ``predict_ttft_many``,
+    ``predict_ttft_ms``) and delegates everything else to the fitted profile.
+    ``state`` is frozen at construction, so one plan sees one correction.
+    """
+
+    def __init__(self, profile: Any, correction: OnlineCorrection) -> None:
+        self.profile = profile
+        self.id: str = profile.id
+        self.source: str = profile.source
+        self.correction = correction
+        self.state = correction.state()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.profile, name)
+
+    def predict_ttft_many(self, prompt_tokens: ArrayLike,
+                          cached_tokens: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """The fitted ``(p50, p95)`` arrays, ms, corrected (:meth:`OnlineCorrection.apply`)."""
+        p50, p95 = self.profile.predict_ttft_many(prompt_tokens, cached_tokens)
+        return self.correction.apply(p50, p95, self.state)
+
+    def predict_ttft_ms(self, prompt_tokens: int, cached_tokens: int) -> tuple[float, float]:
+        """Corrected ``(p50, p95)`` of one prompt, ms."""
+        p50, p95 = self.predict_ttft_many([prompt_tokens], [cached_tokens])
+        return float(p50[0]), float(p95[0])
+
+
+class CorrectionRegistry:
+    """One :class:`OnlineCorrection` per profile id; a new profile (a calibration) starts fresh."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+        self._lock = threading.Lock()
+        self._by_id: dict[str, OnlineCorrection] = {}
+
+    def get(self, profile_id: str) -> OnlineCorrection:
+        """The correction of ``profile_id`` (created empty on first use)."""
+        with self._lock:
+            c = self._by_id.get(profile_id)
+            if c is None:
+                c = self._by_id[profile_id] = OnlineCorrection(profile_id, **self.options)
+            return c
+
+    def known(self) -> Sequence[str]:
+        """Profile ids with a correction."""
+        with self._lock:
+            return list(self._by_id)
+
+    def reset(self, profile_id: str | None = None) -> None:
+        """Drop the correction of ``profile_id`` (every one when ``None``)."""
+        with self._lock:
+            if profile_id is None:
+                self._by_id.clear()
+            else:
+                self._by_id.pop(profile_id, None)

@@ -1,0 +1,280 @@
+"""The TTFT budget under load, with a deterministic fake generator (fixed step times).
+
+:class:`tests.api.fakes.StepGenerator` holds the model for a fixed schedule (the
+fake timer's true prefill cost, then 20 ms decode steps), and the stored profile
+is fitted on that timer, so the predicted wait can be checked against the
+schedule. The checks are on choices and counts, never on wall-clock limits:
+a request that waited gets a smaller k than one that did not; ``reject``
+answers 503 ``budget_unreachable`` and writes no receipt; the online correction
+is bounded and starts afresh with a new calibration.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from app.profile_store import save_profile
+from foundation.db import read_session
+from latency_model.calibration import calibrate, quick_grid
+from latency_model.correction import CorrectedProfile, CorrectionRegistry, OnlineCorrection
+from receipts.models import ReceiptRow
+from tests.api.conftest import KeyedApp, api_settings, start_keyed_app
+from tests.api.fakes import CharTokenizer, StepGenerator
+from tests.latency_model.conftest import FakeTimer
+
+# Six documents of one chunk each (~120 character-tokens: ~110 ms of fake prefill each).
+DOCS = {f"pump-{i}.txt": (f"Pump {i} of the zebrafish circulation is painted vermilion and runs at "
+                          f"{i + 3} litres per minute on the night shift, checked weekly.")
+        for i in range(6)}
+Q = "What colour is the zebrafish pump?"
+MAX_NEW = 4
+
+
+def _receipts(app: KeyedApp) -> int:
+    from sqlalchemy import func, select
+
+    with read_session(app.services.engine) as s:
+        return int(s.scalar(select(func.count()).select_from(ReceiptRow)) or 0)
+
+
+@pytest.fixture
+def loaded(tmp_path_factory: pytest.TempPathFactory, api_profile: Any) -> Iterator[tuple[KeyedApp, Any]]:
+    gate = threading.Event()
+    gate.set()
+    gen = StepGenerator(CharTokenizer(), gate=gate)
+    app = start_keyed_app(api_settings(tmp_path_factory.mktemp("load"), retrieval_candidates=6,
+                                       default_max_new_tokens=MAX_NEW, queue_max=4,
+                                       auth_enabled=False), api_profile, gen)
+    with app.client:
+        for doc_id, text in DOCS.items():
+            r = app.client.post("/v1/documents", json={"id": doc_id, "text": text})
+            assert r.status_code == 201, r.text
+        app.client.app.state.pipeline.warm()  # type: ignore[attr-defined]
+        yield app, gen
+    app.services.close()
+
+
+def _ask(app: KeyedApp, budget: float, **extra: Any) -> Any:
+    return app.client.post("/v1/answer", json={"question": Q, "ttft_budget_ms": budget, **extra})
+
+
+def _hold(app: KeyedApp, gen: StepGenerator) -> tuple[threading.Thread, list[Any]]:
+    """Start a short answer (k <= 1, one token) that holds the model at the gate until it is set."""
+    gen.gate.clear()  # type: ignore[union-attr]
+    gen.started.clear()
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(_ask(app, 60_000, k_max=1, max_new_tokens=1)))
+    t.start()
+    assert gen.started.wait(10)
+    return t, out
+
+
+def _wait_depth(app: KeyedApp, depth: int) -> None:
+    queue = app.client.app.state.pipeline.queue  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 10
+    while queue.depth < depth:
+        assert time.monotonic() < deadline, "the request never queued"
+        time.sleep(0.005)
+
+
+def test_after_a_wait_the_plan_picks_a_smaller_k(loaded: tuple[KeyedApp, Any]) -> None:
+    app, gen = loaded
+    alone = _ask(app, 1000).json()
+    assert alone["chosen_k"] >= 4 and alone["predicted"]["late_bound"] is True
+
+    holder, _ = _hold(app, gen)
+    out: list[Any] = []
+    waiter = threading.Thread(target=lambda: out.append(_ask(app, 1000)))
+    waiter.start()
+    _wait_depth(app, 1)
+    time.sleep(0.5)  # the model stays busy 500 ms: half the budget is gone before prefill
+    gen.gate.set()  # type: ignore[union-attr]
+    holder.join(10)
+    waiter.join(10)
+    late = out[0].json()
+    assert late["timings"]["queue_ms"] >= 500
+    assert late["chosen_k"] < alone["chosen_k"]
+    # The plan counted the time actually spent when it chose k.
+    assert late["predicted"]["overhead_ms"] >= late["timings"]["queue_ms"]
+
+
+def test_without_late_binding_the_wait_is_unseen(loaded: tuple[KeyedApp, Any]) -> None:
+    app, gen = loaded
+    pipeline = app.client.app.state.pipeline  # type: ignore[attr-defined]
+    pipeline.late_binding = False
+    alone = _ask(app, 1000).json()
+    holder, _ = _hold(app, gen)
+    out: list[Any] = []
+    waiter = threading.Thread(target=lambda: out.append(_ask(app, 1000)))
+    waiter.start()
+    _wait_depth(app, 1)
+    time.sleep(0.5)
+    gen.gate.set()  # type: ignore[union-attr]
+    holder.join(10)
+    waiter.join(10)
+    late = out[0].json()
+    assert late["predicted"]["late_bound"] is False
+    # Chosen on arrival, as if the model were free: the plan never counted the wait.
+    assert late["predicted"]["overhead_ms"] < late["timings"]["queue_ms"]
+    assert late["chosen_k"] >= alone["chosen_k"] - 1
+
+
+def test_predicted_wait_matches_the_fake_schedule(loaded: tuple[KeyedApp, Any]) -> None:
+    """Running answer held before its prefill + one waiting answer: the advised wait is the
+    fake's schedule for both (prefill + max_new_tokens - 1 steps each), within the profile's fit."""
+    app, gen = loaded
+    holder, held = _hold(app, gen)
+    out: list[Any] = []
+    waiter = threading.Thread(target=lambda: out.append(_ask(app, 60_000)))
+    waiter.start()
+    _wait_depth(app, 1)
+    advice = app.client.post("/v1/advise", json={"question": Q, "ttft_budget_ms": 60_000}).json()
+    gen.gate.set()  # type: ignore[union-attr]
+    holder.join(10)
+    waiter.join(10)
+    first, second = held[0].json(), out[0].json()
+    expected = sum(gen.schedule_ms(a["tokens"]["prompt"], a["tokens"]["cached"], a["tokens"]["output"])
+                   for a in (first, second))
+    assert advice["queue_depth"] == 1
+    assert advice["predicted_wait_ms"] == pytest.approx(expected, rel=0.1)
+    # The waiter itself saw only the running answer ahead of it.
+    alone = gen.schedule_ms(first["tokens"]["prompt"], first["tokens"]["cached"], 1)
+    assert second["predicted"]["wait_ms"] == pytest.approx(alone, rel=0.1)
+    # The advised plan counts that wait in its overhead.
+    assert advice["plan"]["overhead_ms"] >= advice["predicted_wait_ms"]
+
+
+def test_reject_answers_503_with_retry_after_and_writes_no_receipt(loaded: tuple[KeyedApp, Any]) -> None:
+    app, _ = loaded
+    before = _receipts(app)
+    r = _ask(app, 5, on_budget_miss="reject")  # k = 0 alone needs ~60 ms
+    assert r.status_code == 503
+    err = r.json()["error"]
+    assert err["code"] == "budget_unreachable"
+    assert err["details"]["predicted_ttft_ms"] > 5
+    assert int(r.headers["Retry-After"]) >= 1
+    assert _receipts(app) == before
+    # The default (answer) answers it, flagged.
+    a = _ask(app, 5).json()
+    assert a["binding"] == "nothing_fits" and a["chosen_k"] == 0 and a["receipt_id"]
+    assert a["within_budget"] is False and a["budget_miss_cause"] in ("overhead", "queue", "prefill")
+    assert _receipts(app) == before + 1
+    metrics = app.client.get("/metrics").text
+    assert 'ragbudget_budget_rejections_total{where="arrival"} 1.0' in metrics
+    assert "ragbudget_budget_misses_by_cause_total" in metrics
+
+
+def test_reject_never_refuses_what_k0_can_make(loaded: tuple[KeyedApp, Any]) -> None:
+    app, _ = loaded
+    advice = app.client.post("/v1/advise", json={"question": Q, "ttft_budget_ms": 60_000}).json()
+    k0 = advice["plan"]["rows"][0]["ttft_p95_ms"] + advice["plan"]["overhead_ms"]
+    r = _ask(app, 2 * k0 + 50, on_budget_miss="reject")
+    assert r.status_code == 200, r.text
+
+
+def test_reject_after_the_wait_when_the_wait_ate_the_budget(loaded: tuple[KeyedApp, Any]) -> None:
+    app, gen = loaded
+    before = _receipts(app)
+    holder, _ = _hold(app, gen)  # predicted short, but held at the gate
+    out: list[Any] = []
+    waiter = threading.Thread(target=lambda: out.append(_ask(app, 400, on_budget_miss="reject")))
+    waiter.start()
+    _wait_depth(app, 1)
+    time.sleep(0.5)
+    gen.gate.set()  # type: ignore[union-attr]
+    holder.join(10)
+    waiter.join(10)
+    r = out[0]
+    assert r.status_code == 503 and r.json()["error"]["code"] == "budget_unreachable"
+    assert r.json()["error"]["details"]["where"] == "granted"
+    assert _receipts(app) == before + 1  # the holder's only
+
+
+def test_openai_route_takes_on_budget_miss_from_body_or_header(loaded: tuple[KeyedApp, Any]) -> None:
+    app, gen = loaded
+    body = {"model": gen.identity["model_id"], "messages": [{"role": "user", "content": Q}],
+            "ttft_budget_ms": 5}
+    r = app.client.post("/v1/chat/completions", json={**body, "on_budget_miss": "reject"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "budget_unreachable"
+    assert r.json()["error"]["type"] == "server_error" and "Retry-After" in r.headers
+    r = app.client.post("/v1/chat/completions", json=body,
+                        headers={"X-Ragbudget-On-Budget-Miss": "reject"})
+    assert r.status_code == 503
+    r = app.client.post("/v1/chat/completions", json={**body, "on_budget_miss": "answer"},
+                        headers={"X-Ragbudget-On-Budget-Miss": "reject"})  # the body wins
+    assert r.status_code == 200
+    assert r.json()["ragbudget"]["binding"] == "nothing_fits"
+    r = app.client.post("/v1/chat/completions", json=body,
+                        headers={"X-Ragbudget-On-Budget-Miss": "sometimes"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_on_budget_miss"
+
+
+def test_correction_follows_a_slower_machine_and_restarts_with_calibration(
+        loaded: tuple[KeyedApp, Any]) -> None:
+    app, gen = loaded
+    pipeline = app.client.app.state.pipeline  # type: ignore[attr-defined]
+    gen.slow = 2.0  # the machine got twice as slow after calibration
+    answers = [_ask(app, 60_000).json() for _ in range(8)]
+    profile_id = answers[-1]["predicted"]["profile_id"]
+    state = pipeline.correction_state(profile_id)
+    assert state.active and 1.6 <= state.factor <= 2.4
+    assert answers[-1]["predicted"]["correction_factor"] == pytest.approx(state.factor, rel=0.3)
+    shown = app.client.get(f"/v1/latency/profiles/{profile_id}", params={"samples": False}).json()
+    assert shown["correction"]["n"] == 8 and shown["correction"]["factor"] == state.factor
+    # The fitted coefficients were never rewritten.
+    stored = pipeline.profile()
+    assert stored.id == profile_id
+    # A new calibration is a new profile: its correction starts empty.
+    fresh = calibrate(FakeTimer(seed=11), grid=quick_grid(8192, [200]), seed=5, progress=False)
+    save_profile(app.services.engine, app.services.data_dir, fresh)
+    a = _ask(app, 60_000).json()
+    assert a["predicted"]["profile_id"] == fresh.id
+    assert a["predicted"]["correction_factor"] == 1.0
+    assert pipeline.correction_state(fresh.id).n == 1
+
+
+def test_online_correction_is_bounded() -> None:
+    c = OnlineCorrection("p", window=10, min_samples=3, max_factor=4.0, min_factor=0.25)
+    assert c.state().factor == 1.0 and not c.state().active
+    for _ in range(10):
+        c.observe(100.0, 10_000.0)  # 100x slower than predicted
+    assert c.state().factor == 4.0
+    for _ in range(10):
+        c.observe(100.0, 0.01)  # the window forgets: now far quicker
+    assert c.state().factor == 0.25
+    c.observe(float("nan"), 5.0)
+    c.observe(100.0, -1.0)
+    assert c.state().n == 10  # nonsense is ignored
+    c.reset()
+    assert c.state().n == 0 and c.state().factor == 1.0
+
+
+def test_conformal_multiplier_covers_the_window() -> None:
+    c = OnlineCorrection("p", window=40, min_samples=5)
+    ratios = [1.0 + 0.02 * i for i in range(40)]  # 1.00 .. 1.78
+    for r in ratios:
+        c.observe(100.0, 100.0 * r)
+    st = c.state()
+    assert st.p95_multiplier is not None
+    p50, p95 = c.apply([100.0], [110.0], st)
+    covered = sum(100.0 * r <= p95[0] for r in ratios) / len(ratios)
+    assert covered >= 0.95
+    assert p50[0] == pytest.approx(100.0 * st.factor)
+
+
+def test_corrected_profile_and_registry(api_profile: Any) -> None:
+    reg = CorrectionRegistry(window=5, min_samples=1)
+    c = reg.get(api_profile.id)
+    c.observe(100.0, 300.0)
+    corrected = CorrectedProfile(api_profile, c)
+    p50, _ = api_profile.predict_ttft_ms(500, 0)
+    c50, c95 = corrected.predict_ttft_ms(500, 0)
+    assert c50 == pytest.approx(3 * p50) and c95 >= c50
+    assert corrected.id == api_profile.id and corrected.source == api_profile.source
+    reg.reset(api_profile.id)
+    assert reg.get(api_profile.id).state().n == 0
