@@ -51,6 +51,11 @@ class Ticket:
             return self.prefill_ms + max(self.max_new_tokens - 1, 0) * self.tpot_ms
         return max(self.max_new_tokens - self.produced, 0) * self.tpot_ms
 
+    def min_remaining_ms(self) -> float:
+        """The least it may still hold the model, ms: its prefill if not yet done (it may stop
+        right after its first token), else nothing."""
+        return self.prefill_ms if self.produced <= 0 else 0.0
+
 
 class GenerationQueue:
     """A FIFO mutex with a bounded waiting line.
@@ -89,6 +94,15 @@ class GenerationQueue:
             ahead: list[object] = [self._running_ticket] if self._running else []
             ahead += list(self._waiting)
         return float(sum(t.remaining_ms() for t in ahead if isinstance(t, Ticket)))
+
+    def min_wait_ms(self) -> float:
+        """A lower bound of that wait, ms: the prefills still ahead, as if every answer ahead
+        stopped at its first token. What a fast refusal is decided on, so that a request the
+        model could have served in time is not refused on a pessimistic guess."""
+        with self._cond:
+            ahead: list[object] = [self._running_ticket] if self._running else []
+            ahead += list(self._waiting)
+        return float(sum(t.min_remaining_ms() for t in ahead if isinstance(t, Ticket)))
 
     @contextmanager
     def slot(self, cancel: threading.Event | None = None,

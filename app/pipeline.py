@@ -24,9 +24,10 @@ every answer's measured prefill.
 When even ``k = 0`` cannot make the budget (``on_budget_miss``): ``answer``
 answers anyway with ``binding == "nothing_fits"``; ``reject`` raises
 :class:`foundation.errors.BudgetUnreachable` (503, no receipt), on arrival when
-the predicted wait already rules it out, or when it gets the model. The test is
-k = 0's predicted *p50* TTFT above the budget: a request k = 0 would more likely
-than not have answered in time is never refused.
+even the least possible wait rules it out (:meth:`GenerationQueue.min_wait_ms`),
+or when it gets the model. The test is k = 0's predicted *p50* TTFT above the
+budget: a request k = 0 would more likely than not have answered in time is
+never refused.
 * ``tpot_ms``: mean gap between later tokens, ``(t_last - t_first) / (n - 1)``.
 * ``retrieval_ms``: query embedding + search + fetch.
 
@@ -365,20 +366,22 @@ class AnswerPipeline:
         return Ticket(prefill_ms=row.ttft_p50_ms, tpot_ms=p.profile.predict_tpot_ms(row.prompt_tokens),
                       max_new_tokens=p.max_new_tokens)
 
-    def _check_reachable(self, p: Prepared, wait_ms: float, where: str) -> None:
+    def _check_reachable(self, p: Prepared, spent_ms: float, wait_ms: float, where: str) -> None:
         """Refuse ``p`` (``on_budget_miss == "reject"``) when k = 0's predicted p50 TTFT is over budget.
 
-        ``wait_ms``: predicted wait still ahead (0 once the request has the model).
+        ``spent_ms``: time already spent; ``wait_ms``: the least wait still ahead (0 once
+        the request has the model). Predicted TTFT of k = 0 = spent + wait + its prefill p50.
 
         Raises:
-            BudgetUnreachable: 503 with the predicted TTFT and a Retry-After.
+            BudgetUnreachable: 503 with the predicted TTFT and a Retry-After (the queue's
+                predicted wait, at least 1 s).
         """
         row = p.plan.rows[0]
-        predicted = p.plan.overhead_ms + row.ttft_p50_ms
+        predicted = spent_ms + wait_ms + row.ttft_p50_ms
         if predicted <= p.budget_ms:
             return
         self.metrics.rejections.labels(where=where).inc()
-        retry_s = max(1.0, (self.queue.predicted_wait_ms() if where == "granted" else wait_ms) / 1000.0)
+        retry_s = max(1.0, self.queue.predicted_wait_ms() / 1000.0)
         raise BudgetUnreachable(
             f"even k=0 is predicted to take {predicted:.0f} ms to the first token (p50), over the "
             f"{p.budget_ms:.0f} ms budget", retry_after_s=retry_s, predicted_ttft_ms=predicted,
@@ -427,7 +430,10 @@ class AnswerPipeline:
         reject = (req.on_budget_miss or self.settings.on_budget_miss) == "reject"
         self.metrics.queue_state(prepared.queue_depth, prepared.predicted_wait_ms)
         if reject:
-            self._check_reachable(prepared, prepared.predicted_wait_ms, "arrival")
+            # On arrival: the time spent plus the least the wait can be (every answer ahead
+            # stopping at its first token); the exact check follows when the model is free.
+            self._check_reachable(prepared, prepared.timings_ms["overhead_ms"],
+                                  self.queue.min_wait_ms(), "arrival")
         gen = self.services.generator
         # resolved(): a sampling request without a seed gets one drawn now, so it is recorded.
         params = GenParams(max_new_tokens=prepared.max_new_tokens, temperature=req.temperature,
@@ -447,7 +453,7 @@ class AnswerPipeline:
                     prepared = self.bind(prepared)
                     ticket.prefill_ms = self._ticket(prepared).prefill_ms
                 if reject:
-                    self._check_reachable(prepared, 0.0, "granted")
+                    self._check_reachable(prepared, prepared.plan.overhead_ms, 0.0, "granted")
             except BaseException:
                 slot.__exit__(None, None, None)  # type: ignore[union-attr]
                 raise

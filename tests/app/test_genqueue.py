@@ -80,3 +80,39 @@ def test_cancelled_waiter_leaves_and_frees_its_place():
     t0.join(5)
     with q.slot() as wait_ms:  # free again
         assert wait_ms >= 0
+
+
+def test_predicted_and_least_wait_count_the_running_and_waiting_tickets():
+    from app.genqueue import Ticket
+
+    q = GenerationQueue(queue_max=5)
+    running = Ticket(prefill_ms=100.0, tpot_ms=10.0, max_new_tokens=5)
+    waiting = Ticket(prefill_ms=50.0, tpot_ms=10.0, max_new_tokens=3)
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def holder():
+        with q.slot(ticket=running):
+            entered.set()
+            gate.wait(5)
+
+    def waiter():
+        with q.slot(ticket=waiting):
+            pass
+
+    t0 = threading.Thread(target=holder)
+    t0.start()
+    assert entered.wait(5)
+    assert q.predicted_wait_ms() == 100.0 + 4 * 10.0 and q.min_wait_ms() == 100.0
+    running.produced = 2  # two tokens out: three steps left, and it might stop now
+    assert q.predicted_wait_ms() == 3 * 10.0 and q.min_wait_ms() == 0.0
+    t1 = threading.Thread(target=waiter)
+    t1.start()
+    while q.depth < 1:
+        time.sleep(0.001)
+    assert q.predicted_wait_ms() == 3 * 10.0 + 50.0 + 2 * 10.0
+    assert q.min_wait_ms() == 50.0
+    gate.set()
+    t0.join(5)
+    t1.join(5)
+    assert q.predicted_wait_ms() == 0.0
