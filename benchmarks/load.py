@@ -1,0 +1,414 @@
+"""The TTFT budget under concurrent load: late binding + online correction on vs off, same run.
+
+One process loads the services once (the configured data directory: the real
+corpus and its fitted profile) and serves the real app over HTTP with uvicorn
+on a loopback port; client threads post ``POST /v1/answer`` with
+``on_budget_miss: reject``. Cells: load (closed loop with 1, 2 and 4 clients,
+each client asking again as soon as it has its answer; open loop with Poisson
+arrivals at two rates) x budget (800, 1500, 3000 ms) x new tokens (32, 64) x arm
+(``on``: late binding and online correction; ``off``: both switched off on the
+same pipeline), the two arms of a cell run one after the other. Per cell:
+share of answered requests within budget, share rejected fast (503
+``budget_unreachable``), mean budget used (TTFT / budget, answered), TTFT
+p50/p95 and queue p95 (answered). Each answer is one line of ``--out`` (jsonl);
+a rerun skips cells already complete, so the run resumes after an interruption.
+
+``--hog``: the coverage run instead. After ``--warmup`` answers on the quiet
+machine, one busy process (a pure-Python loop, one core) is started and
+``--after`` answers follow one at a time; per answer, is the measured prefill
+(model granted to first token) within the predicted p95 prefill, with the
+online correction (what the plan used) and with the fitted profile alone (the
+same answer, predicted without correction). Reported: coverage over answers
+1-20 and 21-40 after the hog started.
+
+``--auth``: ``POST /v1/retrieve`` over HTTP, alternately to an app with a key
+check and to one without (same services, same process, same run); p50/p95 of
+each and the difference.
+
+    cp -a /work/data/mainjob /tmp/lb-data   # never write into the prepared directory
+    RAGBUDGET_DATA_DIR=/tmp/lb-data flock /tmp/ragbudget-cpu.lock \\
+        python benchmarks/load.py --out docs/load.jsonl --per-cell 8
+    python benchmarks/load.py --out docs/load.jsonl --report   # the markdown table
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+BUDGETS = (800.0, 1500.0, 3000.0)
+TOKENS = (32, 64)
+ARMS = ("on", "off")
+
+
+def _loads(rates: list[float]) -> list[str]:
+    return ["closed-1", "closed-2", "closed-4"] + [f"poisson-{r:g}" for r in rates]
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    """The q-quantile (0..1) by linear interpolation; None when empty."""
+    if not xs:
+        return None
+    ys = sorted(xs)
+    pos = (len(ys) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ys[lo] + (ys[hi] - ys[lo]) * (pos - lo)
+
+
+class Server:
+    """An app served by uvicorn in a thread of this process, on a free loopback port."""
+
+    def __init__(self, app: Any) -> None:
+        import socket
+
+        import uvicorn
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+
+
+def _one(client: Any, url: str, question: str, budget: float, tokens: int,
+         headers: dict[str, str]) -> dict[str, Any]:
+    """One answer request; the client's view (status, wall time) plus the answer's own numbers."""
+    t0 = time.perf_counter()
+    r = client.post(f"{url}/v1/answer", headers=headers, timeout=600,
+                    json={"question": question, "ttft_budget_ms": budget, "max_new_tokens": tokens,
+                          "on_budget_miss": "reject"})
+    wall = (time.perf_counter() - t0) * 1000.0
+    row: dict[str, Any] = {"status": r.status_code, "client_ms": wall}
+    if r.status_code == 200:
+        a = r.json()
+        t, p = a["timings"], a["predicted"]
+        row.update(ttft_ms=t["ttft_ms"], queue_ms=t["queue_ms"], prefill_ms=t["prefill_ms"],
+                   auth_ms=t.get("auth_ms"), overhead_ms=t["overhead_ms"], k=a["chosen_k"],
+                   binding=a["binding"], within=a["within_budget"], cause=a["budget_miss_cause"],
+                   predicted_wait_ms=p["wait_ms"], predicted_p95_ms=p["ttft_p95_ms"],
+                   correction_factor=p["correction_factor"], tokens_out=a["tokens"]["output"])
+    else:
+        err = r.json().get("error", {})
+        details = err.get("details") or {}
+        row.update(code=err.get("code"), predicted_ttft_ms=details.get("predicted_ttft_ms"),
+                   where=details.get("where"))
+    return row
+
+
+def run_cell(url: str, load: str, budget: float, tokens: int, n: int, questions: list[str],
+             rng: random.Random, headers: dict[str, str]) -> list[dict[str, Any]]:
+    """``n`` answers under ``load``; rows in completion order."""
+    import httpx
+
+    rows: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    todo = list(range(n))
+    qs = [questions[rng.randrange(len(questions))] for _ in range(n)]
+
+    def ask(i: int, client: Any) -> None:
+        row = _one(client, url, qs[i], budget, tokens, headers)
+        row["i"] = i
+        with lock:
+            rows.append(row)
+
+    if load.startswith("closed-"):
+        clients = int(load.split("-")[1])
+
+        def worker() -> None:
+            with httpx.Client() as client:
+                while True:
+                    with lock:
+                        if not todo:
+                            return
+                        i = todo.pop(0)
+                    ask(i, client)
+
+        threads = [threading.Thread(target=worker) for _ in range(clients)]
+    else:
+        rate = float(load.split("-")[1])
+        gaps = [rng.expovariate(rate) for _ in range(n)]
+
+        def arrive(i: int, delay: float) -> None:
+            time.sleep(delay)
+            with httpx.Client() as client:
+                ask(i, client)
+
+        at = 0.0
+        threads = []
+        for i, g in enumerate(gaps):
+            at += g if i else 0.0
+            threads.append(threading.Thread(target=arrive, args=(i, at)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]], budget: float) -> dict[str, Any]:
+    """The per-cell figures (see the module docstring)."""
+    answered = [r for r in rows if r["status"] == 200]
+    rejected = [r for r in rows if r["status"] == 503]
+    ttft = [r["ttft_ms"] for r in answered if r.get("ttft_ms") is not None]
+    queue = [r["queue_ms"] for r in answered if r.get("queue_ms") is not None]
+    return {"requests": len(rows), "answered": len(answered),
+            "within": (sum(1 for r in answered if r["within"]) / len(answered)) if answered else None,
+            "rejected": len(rejected) / len(rows) if rows else None,
+            "used": statistics.fmean(t / budget for t in ttft) if ttft else None,
+            "ttft_p50": _pct(ttft, 0.5), "ttft_p95": _pct(ttft, 0.95), "queue_p95": _pct(queue, 0.95),
+            "k_mean": statistics.fmean(r["k"] for r in answered) if answered else None,
+            "other_errors": len(rows) - len(answered) - len(rejected)}
+
+
+def _read(out: Path) -> list[dict[str, Any]]:
+    if not out.exists():
+        return []
+    return [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def report(out: Path) -> str:
+    """The markdown table of every complete cell in ``out``, arms side by side."""
+    rows = [r for r in _read(out) if r.get("kind") == "answer"]
+    cells: dict[tuple[str, float, int], dict[str, list[dict[str, Any]]]] = {}
+    for r in rows:
+        cells.setdefault((r["load"], r["budget"], r["tokens"]), {}).setdefault(r["arm"], []).append(r)
+
+    def f(v: Any, pct: bool = False) -> str:
+        if v is None:
+            return "-"
+        return f"{100 * v:.0f} %" if pct else f"{v:.0f}"
+
+    lines = ["| load | budget ms | new tokens | arm | answered | within budget | rejected fast | "
+             "budget used | TTFT p50 | TTFT p95 | queue p95 | mean k |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for (load, budget, tokens), arms in cells.items():
+        for arm in ARMS:
+            if arm not in arms:
+                continue
+            s = summarise(arms[arm], budget)
+            lines.append(f"| {load} | {budget:.0f} | {tokens} | {arm} | {s['answered']}/{s['requests']} | "
+                         f"{f(s['within'], True)} | {f(s['rejected'], True)} | {f(s['used'], True)} | "
+                         f"{f(s['ttft_p50'])} | {f(s['ttft_p95'])} | {f(s['queue_p95'])} | "
+                         f"{'-' if s['k_mean'] is None else format(s['k_mean'], '.1f')} |")
+    total = {arm: [r for r in rows if r["arm"] == arm] for arm in ARMS}
+    for arm, rs in total.items():
+        ans = [r for r in rs if r["status"] == 200]
+        if rs:
+            lines.append(f"\n{arm}: {len(rs)} requests, {len(ans)} answered, "
+                         f"{sum(1 for r in ans if r['within'])} within budget, "
+                         f"{sum(1 for r in rs if r['status'] == 503)} rejected fast")
+    return "\n".join(lines)
+
+
+def _build(auth: bool = False) -> tuple[Any, Any, list[str]]:
+    from app.api.app import create_app
+    from app.services import Services
+    from app.settings import get_settings
+    from app.sweep import default_questions
+
+    services = Services(get_settings(auth_enabled=auth))
+    app = create_app(services=services)
+    app.state.pipeline.warm()
+    questions = [q["question"] for q in default_questions(services.data_dir, 10, 0)]
+    return services, app, questions
+
+
+def _header(services: Any, app: Any) -> dict[str, Any]:
+    import os
+    import platform
+
+    prof = app.state.pipeline.profile()
+    return {"kind": "run", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "profile": prof.id, "profile_source": prof.source,
+            "model": services.generator.identity.get("model_id"),
+            "threads": services.generator.identity.get("threads"),
+            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "loadavg": os.getloadavg()}
+
+
+def grid(args: argparse.Namespace) -> int:
+    services, app, questions = _build()
+    pipeline = app.state.pipeline
+    server = Server(app)
+    out: Path = args.out
+    done: dict[tuple[str, str, float, int], int] = {}
+    for r in _read(out):
+        if r.get("kind") == "answer":
+            key = (r["arm"], r["load"], r["budget"], r["tokens"])
+            done[key] = done.get(key, 0) + 1
+    rates = [float(x) for x in args.rates.split(",")]
+    # Token counts outermost, then budgets (1500 first), loads innermost: a run cut short still
+    # holds every load at the budgets it reached.
+    budgets = sorted(BUDGETS, key=lambda b: (b != 1500.0, b))
+    cells = [(load, b, t) for t in TOKENS for b in budgets for load in _loads(rates)]
+    rng = random.Random(args.seed)
+    with out.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(_header(services, app)) + "\n")
+        for load, budget, tokens in cells:
+            for arm in ARMS:
+                key = (arm, load, budget, tokens)
+                cell_rng = random.Random(f"{args.seed}-{load}-{budget}-{tokens}")  # same questions per arm
+                if done.get(key, 0) >= args.per_cell:
+                    continue
+                pipeline.late_binding = pipeline.online_correction = arm == "on"
+                t0 = time.perf_counter()
+                rows = run_cell(server.url, load, budget, tokens, args.per_cell, questions, cell_rng, {})
+                for r in rows:
+                    r.update(kind="answer", arm=arm, load=load, budget=budget, tokens=tokens)
+                    fh.write(json.dumps(r) + "\n")
+                fh.flush()
+                s = summarise(rows, budget)
+                print(f"{load:>12} {budget:5.0f} ms {tokens:3d} tok {arm:>3}: answered {s['answered']}/"
+                      f"{s['requests']} within {s['within']} rejected {s['rejected']} used {s['used']} "
+                      f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    del rng
+    server.stop()
+    services.close()
+    print(report(out))
+    return 0
+
+
+def hog(args: argparse.Namespace) -> int:
+    import httpx
+
+    services, app, questions = _build()
+    pipeline = app.state.pipeline
+    pipeline.late_binding = pipeline.online_correction = True
+    profile = pipeline.profile()
+    pipeline.corrections.reset()
+    server = Server(app)
+    rng = random.Random(args.seed)
+    rows: list[dict[str, Any]] = []
+    busy: subprocess.Popen[bytes] | None = None
+    try:
+        with httpx.Client() as client:
+            for i in range(args.warmup + args.after):
+                if i == args.warmup:
+                    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                    time.sleep(1.0)
+                q = questions[rng.randrange(len(questions))]
+                r = client.post(f"{server.url}/v1/answer", timeout=600, json={
+                    "question": q, "ttft_budget_ms": args.budget, "max_new_tokens": 8}).json()
+                p, t, tok = r["predicted"], r["timings"], r["tokens"]
+                corrected_p95 = p["ttft_p95_ms"] - p["overhead_ms"]  # the plan's prefill p95
+                fitted_p95 = profile.predict_ttft_ms(tok["prompt"], tok["cached"])[1]
+                row = {"i": i, "hog": busy is not None, "prefill_ms": t["prefill_ms"],
+                       "corrected_p95": corrected_p95, "fitted_p95": fitted_p95,
+                       "factor": p["correction_factor"], "mult": p["p95_multiplier"], "k": r["chosen_k"]}
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    finally:
+        if busy is not None:
+            busy.terminate()
+            busy.wait(10)
+        server.stop()
+        services.close()
+
+    def cov(rs: list[dict[str, Any]], key: str) -> float | None:
+        rs = [r for r in rs if r["prefill_ms"] is not None]
+        return sum(1 for r in rs if r["prefill_ms"] <= r[key]) / len(rs) if rs else None
+
+    after = [r for r in rows if r["hog"]]
+    out = {"kind": "hog", "profile": profile.id, "warmup": cov(rows[:args.warmup], "corrected_p95"),
+           "after_1_20": {"corrected": cov(after[:20], "corrected_p95"),
+                          "fitted": cov(after[:20], "fitted_p95")},
+           "after_21_40": {"corrected": cov(after[20:40], "corrected_p95"),
+                           "fitted": cov(after[20:40], "fitted_p95")},
+           "factor_end": after[-1]["factor"] if after else None, "rows": rows}
+    with args.out.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(out) + "\n")
+    print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1))
+    return 0
+
+
+def auth(args: argparse.Namespace) -> int:
+    import httpx
+
+    from app.auth import create_key
+
+    services, app, questions = _build(auth=True)
+    _, key = create_key(services.engine, "copilot", "load benchmark")
+    # The same services (models, store) behind a second app with the key check off.
+    open_services = copy.copy(services)
+    open_services.settings = services.settings.model_copy(update={"auth_enabled": False})
+    from app.api.app import create_app
+
+    open_app = create_app(services=open_services)
+    keyed, unkeyed = Server(app), Server(open_app)
+    times: dict[str, list[float]] = {"with_key": [], "without_key": []}
+    rng = random.Random(args.seed)
+    with httpx.Client() as client:
+        for i in range(args.auth_requests * 2 + 20):
+            which = "with_key" if i % 2 == 0 else "without_key"
+            url = keyed.url if which == "with_key" else unkeyed.url
+            headers = {"Authorization": f"Bearer {key}"} if which == "with_key" else {}
+            q = questions[rng.randrange(len(questions))]
+            t0 = time.perf_counter()
+            r = client.post(f"{url}/v1/retrieve", json={"query": q, "k": 4}, headers=headers)
+            ms = (time.perf_counter() - t0) * 1000.0
+            assert r.status_code == 200, r.text
+            if i >= 20:  # the first ten of each warm the path
+                times[which].append(ms)
+    keyed.stop()
+    unkeyed.stop()
+    out = {"kind": "auth", "requests_each": args.auth_requests,
+           **{f"{k}_p50_ms": _pct(v, 0.5) for k, v in times.items()},
+           **{f"{k}_p95_ms": _pct(v, 0.95) for k, v in times.items()}}
+    out["p50_difference_ms"] = out["with_key_p50_ms"] - out["without_key_p50_ms"]  # type: ignore[operator]
+    with args.out.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(out) + "\n")
+    print(json.dumps(out, indent=1))
+    services.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the grid (default), the CPU-hog coverage run (``--hog``), the auth comparison
+    (``--auth``) or print the table of a finished run (``--report``); see the module docstring."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--out", type=Path, default=Path("load.jsonl"), help="jsonl, appended to (resumable)")
+    ap.add_argument("--per-cell", type=int, default=8, help="answers per cell and arm")
+    ap.add_argument("--rates", default="0.3,0.6", help="Poisson arrival rates, requests/s")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--report", action="store_true", help="print the table of --out and exit")
+    ap.add_argument("--hog", action="store_true", help="the CPU-hog coverage run")
+    ap.add_argument("--warmup", type=int, default=10, help="--hog: answers before the hog starts")
+    ap.add_argument("--after", type=int, default=40, help="--hog: answers after it started")
+    ap.add_argument("--budget", type=float, default=3000.0, help="--hog: the TTFT budget, ms")
+    ap.add_argument("--auth", action="store_true", help="/v1/retrieve with vs without a key")
+    ap.add_argument("--auth-requests", type=int, default=200, help="--auth: requests per side")
+    args = ap.parse_args(argv)
+    if args.report:
+        print(report(args.out))
+        return 0
+    if args.hog:
+        return hog(args)
+    if args.auth:
+        return auth(args)
+    return grid(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
