@@ -27,15 +27,20 @@ n-th page so the sample spans the set) and each extractor, the script prints:
   punctuation that a browser would not show).
 * ``ms/page``: extraction wall time per page (``time.perf_counter``).
 
-``ragbudget`` is ``retrieval.extract.extract_text`` (what ingest stores);
-``ragbudget@REV`` the same function as of git revision ``REV``;
+``ragbudget`` is what ``ragbudget ingest DIR`` stores when the folder is one
+batch: ``retrieval.extract.extract_text``, then the boilerplate learned from
+*every* page of the folder (``retrieval.boilerplate``; that learning pass is
+timed and reported separately) dropped from each page's edges;
+``ragbudget@REV`` is ``extract_text`` as of git revision ``REV`` (per page,
+without the batch step, which did not exist before);
 ``html2text``, ``inscriptis`` and ``markdownify`` are run when installed, on
 the whole page, with links and images off. Texts are compared after
 ``foundation.hashing.normalize_text`` on both sides.
 
 ``--diff`` compares the stored text of every page under ``DIR`` between the
 extraction and normalisation at ``--baseline-rev`` (read with ``git show``) and
-the working tree: how many pages a re-ingest would re-version, and why.
+the working tree with ``DIR`` as one batch (boilerplate learned and dropped):
+how many pages a re-ingest would re-version, and why.
 
 Numbers are for comparison in one run; the script prints the CPU model and the
 load average before and after, and asserts nothing.
@@ -214,12 +219,41 @@ def extractors(names: list[str]) -> dict[str, Callable[[bytes], str]]:
     return out
 
 
+def learn_folder(folder: Path) -> dict[str, Any]:
+    """Extract every page under ``folder`` and learn its boilerplate as one batch would.
+
+    Returns ``{"texts": {path: text}, "learned": {key: LearnedBlock}, "pages", "s"}``
+    (pages that do not extract are left out, as ingest rejects them).
+    """
+    from foundation.errors import InvalidInput
+    from retrieval.boilerplate import learn_boilerplate
+    from retrieval.extract import extract_text
+
+    t0 = time.perf_counter()
+    texts: dict[Path, str] = {}
+    for p in sorted(folder.rglob("*.html")):
+        try:
+            texts[p] = extract_text(p.read_bytes(), "html")
+        except InvalidInput:
+            continue
+    learned = learn_boilerplate(texts.values())
+    return {"texts": texts, "learned": learned, "pages": len(texts), "s": time.perf_counter() - t0}
+
+
 def run_set(folder: Path, fns: dict[str, Callable[[bytes], str]], limit: int | None) -> dict[str, Any]:
     """Score every extractor on the pages of ``folder`` (interleaved page by page)."""
     pages = sorted(folder.rglob("*.html"))
     if limit and len(pages) > limit:
         step = len(pages) / limit
         pages = [pages[int(i * step)] for i in range(limit)]
+    learn: dict[str, Any] | None = None
+    if "ragbudget" in fns:
+        from retrieval.boilerplate import drop_boilerplate
+        from retrieval.extract import extract_text
+
+        learn = learn_folder(folder)
+        known = frozenset(learn["learned"])
+        fns = {**fns, "ragbudget": lambda raw: drop_boilerplate(extract_text(raw, "html"), known)[0]}
     tot = {n: {"chrome_kept": 0, "chars": 0, "code": 0, "code_ok": 0, "rows": 0, "rows_ok": 0, "s": 0.0,
                "errors": 0} for n in fns}
     for p in pages:
@@ -241,6 +275,10 @@ def run_set(folder: Path, fns: dict[str, Callable[[bytes], str]], limit: int | N
                      "code_blocks": t["code"], "code_intact": t["code_ok"] / max(t["code"], 1),
                      "table_rows": t["rows"], "rows_intact": t["rows_ok"] / max(t["rows"], 1),
                      "ms_per_page": 1000 * t["s"] / max(len(pages), 1), "errors": t["errors"]}
+    if learn is not None:
+        out["ragbudget"]["learning_pass"] = {
+            "pages": learn["pages"], "s": learn["s"],
+            "blocks": [b.text for b in learn["learned"].values()]}
     return out
 
 
@@ -269,15 +307,19 @@ def _baseline_module(rev: str, tmp: Path) -> Any:
 def diff(folder: Path, rev: str) -> dict[str, Any]:
     """Pages whose stored text differs between ``rev`` and the working tree, and why."""
     from foundation.hashing import normalize_text
-    from retrieval.extract import extract_text
+    from retrieval.boilerplate import drop_boilerplate
 
     with tempfile.TemporaryDirectory() as tmp:
         old = _baseline_module(rev, Path(tmp))
-        pages = sorted(folder.rglob("*.html"))
-        changed, structural, invisible, nbsp = [], [], 0, 0
+        learn = learn_folder(folder)
+        known = frozenset(learn["learned"])
+        pages = sorted(learn["texts"])
+        changed, structural, invisible, nbsp, dropped = [], [], 0, 0, 0
         for p in pages:
             raw = p.read_bytes()
-            a, b = old.extract_text(raw, "html"), extract_text(raw, "html")
+            a, b = old.extract_text(raw, "html"), learn["texts"][p]
+            b, removed = drop_boilerplate(b, known)
+            dropped += bool(removed)
             if a == b:
                 continue
             changed.append(p.name)
@@ -287,7 +329,8 @@ def diff(folder: Path, rev: str) -> dict[str, Any]:
                 structural.append(p.name)
     return {"pages": len(pages), "changed": len(changed), "with_no_break_spaces": nbsp,
             "with_invisible_characters": invisible, "extraction_changed": len(structural),
-            "examples": structural[:10]}
+            "boilerplate_blocks_learned": [b.text for b in learn["learned"].values()],
+            "pages_with_boilerplate_dropped": dropped, "examples": structural[:10]}
 
 
 def main() -> int:
@@ -311,6 +354,11 @@ def main() -> int:
         print(json.dumps(result, indent=2))
         return 0
     print(f"{result['cpu']}; load average before {load_before[0]:.2f}, after {result['load_after'][0]:.2f}")
+    for d, per in result["sets"].items():
+        if "ragbudget" in per and "learning_pass" in per["ragbudget"]:
+            lp = per["ragbudget"]["learning_pass"]
+            print(f"{Path(d).name}: learning pass over {lp['pages']} pages in {lp['s']:.1f} s, "
+                  f"{len(lp['blocks'])} boilerplate blocks: {lp['blocks']}")
     print(f"{'set':42} {'extractor':12} {'pages':>5} {'boilerplate':>11} {'code intact':>14} "
           f"{'rows intact':>16} {'ms/page':>8}")
     for d, per in result["sets"].items():

@@ -23,8 +23,9 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from foundation.provenance import utc_now_iso
+from retrieval.boilerplate import LearnedBlock, stored_boilerplate
 from retrieval.chunking import ChunkerConfig, chunk_id, chunk_text
-from retrieval.models import Chunk, Document, DocumentVersion, Revision
+from retrieval.models import BoilerplateBlock, Chunk, Document, DocumentVersion, Revision
 from retrieval.prepare import ItemResult, Prepared, chunk_pairs
 from retrieval.revisions import IN_BATCH, current_rows, latest_revision, root_hash
 from retrieval.tokens import TextTokenizer
@@ -86,19 +87,23 @@ class _Plan:
 def commit_batch(session: Session, prepared: list[Prepared], deletes: list[str],
                  results: dict[int, ItemResult], n_items: int, *, cid: str, tokenizer: TextTokenizer,
                  chunker_config: ChunkerConfig, embed_token_count: Callable[[str], int] | None,
-                 embedder: Any, vectors: dict[str, Any], note: str | None) -> IngestReport:
+                 embedder: Any, vectors: dict[str, Any], note: str | None,
+                 boilerplate: dict[str, LearnedBlock] | None = None) -> IngestReport:
     """Diff ``prepared`` and ``deletes`` against the head and write them as one new revision.
 
     ``results`` holds the rejections found so far by batch position (items
     ``0..n_items-1``, then deletions) and receives every other outcome.
     ``vectors`` are the embeddings computed before the lock (by chunk hash);
     chunk hashes they miss (a concurrent writer changed the head) are embedded here.
+    ``boilerplate`` (learned by this batch and dropped from its pages) is stored, except
+    blocks already stored, with the new revision's number (None when nothing else changed).
     """
     head = latest_revision(session)
     plan = _decide(session, prepared, deletes, results, n_items, tokenizer, chunker_config,
                    embed_token_count)
     ordered = [results[k] for k in sorted(results)]
     if not plan.new_versions and not plan.tombstones:
+        _write_boilerplate(session, boilerplate or {}, None)
         return IngestReport(revision=None, previous_revision=head, results=ordered)
     revision = head + 1
     live = _live_after(session, plan)
@@ -108,6 +113,7 @@ def commit_batch(session: Session, prepared: list[Prepared], deletes: list[str],
                          added=counts["added"], updated=counts["updated"], deleted=counts["deleted"],
                          unchanged=counts["unchanged"], note=note))
     session.flush()
+    _write_boilerplate(session, boilerplate or {}, revision)
     n_chunks = _write_versions(session, plan, revision, cid)
     _pause_for_tests()
     n_embeddings = _write_embeddings(session, plan, embedder, vectors)
@@ -192,6 +198,18 @@ def _write_versions(session: Session, plan: _Plan, revision: int, cid: str) -> i
     for k in range(0, len(chunk_rows), _INSERT_BATCH):
         session.execute(insert(Chunk), chunk_rows[k:k + _INSERT_BATCH])
     return len(chunk_rows)
+
+
+def _write_boilerplate(session: Session, blocks: dict[str, LearnedBlock], revision: int | None) -> None:
+    """Insert the learned blocks not stored yet (a concurrent batch may have stored some)."""
+    if not blocks:
+        return
+    stored = stored_boilerplate(session)
+    now = utc_now_iso()
+    rows = [{"block_hash": k, "text": b.text, "pages": b.pages, "batch_pages": b.batch_pages,
+             "revision": revision, "created_at": now} for k, b in sorted(blocks.items()) if k not in stored]
+    if rows:
+        session.execute(insert(BoilerplateBlock), rows)
 
 
 def _write_embeddings(session: Session, plan: _Plan, embedder: Any, vectors: dict[str, Any]) -> int:

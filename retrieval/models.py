@@ -1,4 +1,4 @@
-"""Store tables: revisions, documents, versions (and tombstones), chunks, embeddings.
+"""Store tables: revisions, documents, versions (and tombstones), chunks, embeddings, learned boilerplate.
 
 Nothing here is ever updated in place except ``DocumentVersion.live_until_revision``,
 which is set exactly once, when a later revision supersedes or deletes that version.
@@ -120,3 +120,22 @@ class EmbedderRecord(Base):
     id: Mapped[str] = mapped_column(String(HASH_LEN), primary_key=True)
     config_json: Mapped[str] = mapped_column(Text)
     created_at: Mapped[str] = mapped_column(String(40))
+
+
+class BoilerplateBlock(Base):
+    """A block learned as boilerplate (``retrieval.boilerplate``), kept so later batches drop it too.
+
+    ``block_hash`` is the block's key (``sha256:`` of its whitespace-collapsed
+    text), ``text`` that text; ``pages`` of the learning batch's ``batch_pages``
+    HTML pages held it; ``revision`` is the revision that batch created (None if
+    it created none). Rows are only ever inserted.
+    """
+
+    __tablename__ = "boilerplate_blocks"
+
+    block_hash: Mapped[str] = mapped_column(String(HASH_LEN), primary_key=True)
+    text: Mapped[str] = mapped_column(Text)
+    pages: Mapped[int] = mapped_column(Integer)
+    batch_pages: Mapped[int] = mapped_column(Integer)
+    revision: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[str] = mapped_column(String(40))  # ISO-8601 UTC

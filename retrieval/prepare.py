@@ -1,10 +1,12 @@
 """The prepare phase of an ingest batch: validate, extract, normalise, hash and chunk, outside any lock.
 
 This is the slow part of a batch (extraction and chunking are CPU-bound), so it
-runs before the write transaction (``retrieval.commit``). For each item it
-produces a :class:`Prepared` (the extracted text, its ``sha256:`` content hash,
-the source bytes' hash, the metadata JSON, and the chunks when the text differs
-from the live version read beforehand), or an ``ItemResult`` rejection with a
+runs before the write transaction (``retrieval.commit``). Boilerplate blocks
+repeated across the batch's HTML pages are learned and dropped here
+(``retrieval.boilerplate``). For each item it produces a :class:`Prepared`
+(the extracted text, its ``sha256:`` content hash, the source bytes' hash,
+the metadata JSON, and the chunks when the text differs from the live version
+read beforehand), or an ``ItemResult`` rejection with a
 code and reason; one bad item never stops the others.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 
 from foundation.errors import InvalidInput, RagBudgetError, TooLarge
 from foundation.hashing import canonical_json, sha256_bytes, sha256_text
+from retrieval.boilerplate import LearnedBlock, drop_boilerplate, learn_boilerplate
 from retrieval.chunking import ChunkerConfig, ChunkSpan, chunk_text
 from retrieval.document_ids import check_document_id, normalize_document_id, printable
 from retrieval.extract import check_kind, check_text, extract_text, finish_text
@@ -144,27 +147,51 @@ def split_batch(items: Sequence[IngestItem], delete_ids: Sequence[str]
 def prepare_items(candidates: Sequence[tuple[int, IngestItem]], before: dict[str, CurrentRow], *,
                   tokenizer: TextTokenizer, chunker_config: ChunkerConfig, max_document_bytes: int,
                   embed_token_count: Callable[[str], int] | None, results: dict[int, ItemResult],
-                  progress: bool | Callable[[int, int], None] = False) -> list[Prepared]:
+                  progress: bool | Callable[[int, int], None] = False,
+                  known_boilerplate: frozenset[str] = frozenset(),
+                  ) -> tuple[list[Prepared], dict[str, LearnedBlock]]:
     """Prepare every candidate; rejections go into ``results`` at the item's position.
+
+    Returns ``(prepared, new_boilerplate)``. Every candidate is extracted first;
+    then the boilerplate of the batch's HTML items is learned
+    (``retrieval.boilerplate.learn_boilerplate``) and, together with
+    ``known_boilerplate`` (the keys stored by earlier batches), dropped from the
+    edges of each HTML item's text. ``new_boilerplate`` holds the learned blocks
+    not yet known that were dropped from at least one item, for the commit to store.
 
     An item is chunked only when ``before`` (the newest row per id, read without
     the lock) says its content hash is new; the commit re-checks under the lock.
     """
-    prepared: list[Prepared] = []
     step = progress_bar(progress, len(candidates))
-    for done, (idx, item) in enumerate(candidates, 1):
+    done = 0
+    extracted: list[tuple[int, IngestItem, str, str, str]] = []
+    for idx, item in candidates:
         try:
-            text, chash, shash = prepare_item(item, max_document_bytes)
+            text, _, shash = prepare_item(item, max_document_bytes)
             size = len(item.raw) if item.raw is not None else len(str(item.text).encode("utf-8"))
-            p = Prepared(idx, item.document_id, text, chash, shash, metadata_json(item, size, shash))
-            cur = before.get(item.document_id)
-            if cur is None or cur.is_tombstone or cur.content_hash != chash:
-                p.chunks = chunk_text(text, tokenizer, chunker_config, embed_token_count)
-            prepared.append(p)
+            extracted.append((idx, item, text, shash, metadata_json(item, size, shash)))
         except InvalidInput as exc:
             results[idx] = rejected(item.document_id, exc)
+            done += 1
+            step(done)
+    learned = learn_boilerplate(text for _, item, text, _, _ in extracted if item.kind == "html")
+    known = known_boilerplate | frozenset(learned)
+    used: set[str] = set()
+    prepared: list[Prepared] = []
+    for idx, item, text, shash, meta in extracted:
+        if item.kind == "html":
+            text, removed = drop_boilerplate(text, known)
+            used |= removed
+        chash = sha256_text(text)
+        p = Prepared(idx, item.document_id, text, chash, shash, meta)
+        cur = before.get(item.document_id)
+        if cur is None or cur.is_tombstone or cur.content_hash != chash:
+            p.chunks = chunk_text(text, tokenizer, chunker_config, embed_token_count)
+        prepared.append(p)
+        done += 1
         step(done)
-    return prepared
+    new = {k: b for k, b in learned.items() if k in used and k not in known_boilerplate}
+    return prepared, new
 
 
 def chunk_pairs(prepared: Iterable[Prepared]) -> list[tuple[str, str]]:

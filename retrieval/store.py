@@ -3,8 +3,10 @@
 A batch runs in two phases:
 
 1. *Prepare* (``retrieval.prepare``, no write lock held): validate and extract
-   every item, normalise the text, hash it, chunk it when it differs from the
-   live version, and compute missing embeddings. This is the slow part.
+   every item, normalise the text, drop the boilerplate repeated across the
+   batch's HTML pages or learned by earlier batches (``retrieval.boilerplate``),
+   hash it, chunk it when it differs from the live version, and compute missing
+   embeddings. This is the slow part.
 2. *Commit* (``retrieval.commit``, inside ``foundation.db.write_transaction``,
    serialised across processes): re-read the head, diff against it, and insert
    documents, versions, tombstones, chunks, embeddings and the new ``Revision``
@@ -25,6 +27,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from foundation.db import WriterLock, read_session, write_transaction
+from retrieval.boilerplate import stored_boilerplate
 from retrieval.chunking import ChunkerConfig, chunker_id
 from retrieval.commit import (  # noqa: F401  (re-exported API)
     PAUSE_ENV,
@@ -82,6 +85,10 @@ def ingest_batch(
 ) -> IngestReport:
     """Ingest ``items`` and delete ``delete_ids`` as one batch: one transaction, at most one revision.
 
+    HTML items lose the boilerplate blocks at their edges that repeat across the
+    batch's HTML pages or that an earlier batch learned (``retrieval.boilerplate``);
+    the blocks this batch learns are stored with it (table ``boilerplate_blocks``).
+
     Per item: ``added`` (new id, or re-added after deletion), ``updated`` (content
     hash differs from the live version: version n+1), ``unchanged`` (same content
     hash: nothing written), or ``rejected`` with ``code``/``reason`` (bad input;
@@ -103,9 +110,11 @@ def ingest_batch(
         embed_token_count = getattr(embedder, "count_wordpieces", None)
     with read_session(engine) as s:
         before = current_rows(s, (it.document_id for _, it in candidates if isinstance(it.document_id, str)))
-    prepared = prepare_items(candidates, before, tokenizer=tokenizer, chunker_config=chunker_config,
-                             max_document_bytes=max_document_bytes, embed_token_count=embed_token_count,
-                             results=results, progress=progress)
+        known_boilerplate = stored_boilerplate(s)
+    prepared, boilerplate = prepare_items(
+        candidates, before, tokenizer=tokenizer, chunker_config=chunker_config,
+        max_document_bytes=max_document_bytes, embed_token_count=embed_token_count, results=results,
+        progress=progress, known_boilerplate=known_boilerplate)
     t_prepared = time.perf_counter()
 
     vectors: dict[str, Any] = {}
@@ -122,7 +131,7 @@ def ingest_batch(
         report = commit_batch(session, prepared, deletes, results, len(items),
                               cid=chunker_id(chunker_config, tokenizer.tokenizer_id), tokenizer=tokenizer,
                               chunker_config=chunker_config, embed_token_count=embed_token_count,
-                              embedder=embedder, vectors=vectors, note=note)
+                              embedder=embedder, vectors=vectors, note=note, boilerplate=boilerplate)
     t_done = time.perf_counter()
     report.timings_ms = {"prepare_ms": (t_prepared - t0) * 1e3, "embed_ms": (t_embedded - t_prepared) * 1e3,
                          "commit_ms": (t_done - t_embedded) * 1e3, "total_ms": (t_done - t0) * 1e3}
