@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, select, update
 
 from app.models import ApiKey
+from foundation.bounds import check_text
 from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
 from foundation.provenance import utc_now_iso
@@ -45,6 +46,8 @@ SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}  # legacy keys only
 FAST_PREFIX = "hmac-sha256:"
 MAX_SECRET_CHARS = 128  # token_urlsafe(32) is 43 characters; longer is malformed, never hashed
 _KEY_ID = re.compile(r"[0-9a-f]{16}")
+MAX_KEY_ID_BYTES = 64  # ids are 16 hex digits; the column holds at most 64 characters
+MAX_KEY_NAME_BYTES = 512  # the name column holds 128 characters (4 bytes each at most)
 
 
 def _scrypt_secret(secret: str, salt: str) -> str:
@@ -86,6 +89,7 @@ def create_key(engine: Engine, role: str, name: str = "") -> tuple[Principal, st
     """
     if role not in _RANK:
         raise InvalidInput(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+    check_text(name, "name", max_bytes=MAX_KEY_NAME_BYTES)
     key_id = secrets.token_hex(8)
     secret = secrets.token_urlsafe(32)
     salt = secrets.token_hex(16)
@@ -113,8 +117,10 @@ def revoke_key(engine: Engine, key_id: str) -> None:
     """Revoke a key (idempotent).
 
     Raises:
+        InvalidInput: an id no backend can hold (NUL, not Unicode, over 64 bytes).
         NotFound: no such key id.
     """
+    check_text(key_id, "key_id", max_bytes=MAX_KEY_ID_BYTES)
     with write_transaction(engine, WriterLock.KEYS) as s:
         row = s.get(ApiKey, key_id)
         if row is None:
@@ -170,6 +176,10 @@ def active_principal(engine: Engine, key_id: str) -> Principal:
     Raises:
         Unauthenticated: no such key, or it was revoked.
     """
+    try:
+        check_text(key_id, "key_id", max_bytes=MAX_KEY_ID_BYTES)
+    except InvalidInput as exc:
+        raise Unauthenticated("unknown or revoked API key") from exc
     with read_session(engine) as s:
         row = s.get(ApiKey, key_id)
         if row is None or row.revoked_at is not None:

@@ -28,7 +28,8 @@ never here::
     │   ├── Unauthenticated             unauthenticated
     │   └── Forbidden                   forbidden
     ├── IntegrityFailure                integrity_failure    (a hash or index does not verify)
-    └── BackendError                    backend_error        (model or remote engine failed)
+    ├── BackendError                    backend_error        (model or remote engine failed)
+    └── Unavailable                     database_unavailable (the database cannot be reached)
 """
 
 from __future__ import annotations
@@ -213,3 +214,9 @@ class BackendError(RagBudgetError):
     """The model or a remote engine failed while serving a request."""
 
     code = "backend_error"
+
+
+class Unavailable(RagBudgetError):
+    """The database (or another store) cannot be reached or refused the connection; retry later."""
+
+    code = "database_unavailable"

@@ -23,15 +23,18 @@ from typing import Any
 from sqlalchemy import Engine, exists, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from foundation.bounds import check_int64, check_text, parse_decimal_int64, parse_utc_time
 from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import Conflict, IntegrityFailure, InvalidInput, UnknownReceipt
 from foundation.provenance import to_utc_iso, utc_now_iso
 from receipts.canonical import canonical_body, receipt_hash
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.schema import CHAIN_FIELDS, FORMAT_VERSION, STATUSES, document_versions, validate_body
+from retrieval.document_ids import lookup_document_id
 
 GENESIS = "sha256:" + "0" * 64
 MAX_LIST_LIMIT = 1000
+MAX_RECEIPT_ID_BYTES = 256  # the id column holds 64 characters (4 bytes each at most)
 
 
 @dataclass(frozen=True)
@@ -126,8 +129,10 @@ def get_receipt_row(engine: Engine, receipt_id: str) -> ReceiptRow:
     """The stored row of ``receipt_id``.
 
     Raises:
+        InvalidInput: an id no backend can hold (NUL, not Unicode, over 256 bytes).
         UnknownReceipt: no receipt has that id.
     """
+    check_text(receipt_id, "receipt_id", max_bytes=MAX_RECEIPT_ID_BYTES)
     with read_session(engine) as session:
         row = session.scalars(select(ReceiptRow).where(ReceiptRow.id == receipt_id)).first()
         if row is None:
@@ -149,12 +154,7 @@ def get_receipt(engine: Engine, receipt_id: str) -> dict[str, Any]:
 def _utc_iso(value: str | datetime | None, name: str) -> str | None:
     if value is None:
         return None
-    if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError as exc:
-            raise InvalidInput(f"{name} must be an ISO-8601 time, got {value!r}", field=name) from exc
-    return to_utc_iso(value)
+    return to_utc_iso(parse_utc_time(value, name))
 
 
 def summarize(seq: int, body: dict[str, Any], row_hash: str) -> dict[str, Any]:
@@ -207,15 +207,17 @@ def list_receipts(
     Raises:
         InvalidInput: a bad time, status, limit (1..1000) or cursor.
     """
-    if not 1 <= limit <= MAX_LIST_LIMIT:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
         raise InvalidInput(f"limit must be between 1 and {MAX_LIST_LIMIT}", field="limit")
     if status is not None and status not in STATUSES:
         raise InvalidInput(f"status must be one of {', '.join(STATUSES)}", field="status")
+    if document_id is not None:
+        document_id = lookup_document_id(document_id)
+    if document_version is not None:
+        document_version = check_int64(document_version, "document_version", lo=1)
     query = select(ReceiptRow.seq, ReceiptRow.hash, ReceiptRow.body).order_by(ReceiptRow.seq.desc())
     if cursor is not None:
-        if not cursor.isdigit():
-            raise InvalidInput("cursor is not one this server issued", field="cursor")
-        query = query.where(ReceiptRow.seq < int(cursor))
+        query = query.where(ReceiptRow.seq < parse_decimal_int64(cursor, "cursor", lo=1))
     lo, hi = _utc_iso(since, "since"), _utc_iso(until, "until")
     if lo is not None:
         query = query.where(ReceiptRow.created_at >= lo)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Any
 
+from foundation.bounds import check_text
 from foundation.errors import InvalidDocumentId
 
 #: Upper bound on an id's UTF-8 length (see the module docstring for why bytes, and why 1024).
@@ -75,6 +76,21 @@ def normalize_document_id(document_id: str) -> str:
     if any(0xD800 <= ord(c) <= 0xDFFF for c in document_id):
         document_id = document_id.encode("utf-8", "replace").decode("utf-8")
     return unicodedata.normalize("NFC", document_id)
+
+
+def lookup_document_id(document_id: str) -> str:
+    """The key to look ``document_id`` up by (its NFC form, :func:`normalize_document_id`), after
+    the checks every backend needs (:func:`foundation.bounds.check_text`: no NUL, at most
+    ``MAX_DOCUMENT_ID_BYTES`` bytes). The grammar is not applied, so an id stored before a rule
+    existed can still be read and deleted.
+
+    Raises:
+        InvalidInput: rule ``nul_character``, ``not_text`` or ``too_long`` (``details["field"]`` is
+            ``document_id``); no stored id can break these.
+    """
+    if not isinstance(document_id, str):
+        check_text(document_id, "document_id", max_bytes=MAX_DOCUMENT_ID_BYTES)
+    return check_text(normalize_document_id(document_id), "document_id", max_bytes=MAX_DOCUMENT_ID_BYTES)
 
 
 def check_document_id(document_id: object) -> str:

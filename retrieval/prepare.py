@@ -21,7 +21,7 @@ from foundation.errors import InvalidInput, RagBudgetError, TooLarge
 from foundation.hashing import canonical_json, sha256_bytes, sha256_text
 from retrieval.boilerplate import LearnedBlock, drop_boilerplate, learn_boilerplate
 from retrieval.chunking import ChunkerConfig, ChunkSpan, chunk_text
-from retrieval.document_ids import check_document_id, normalize_document_id, printable
+from retrieval.document_ids import check_document_id, lookup_document_id, printable
 from retrieval.extract import check_kind, check_text, extract_text, finish_text
 from retrieval.revisions import CurrentRow
 from retrieval.tokens import TextTokenizer
@@ -134,7 +134,11 @@ def split_batch(items: Sequence[IngestItem], delete_ids: Sequence[str]
         candidates.append((idx, item))
     deletes: list[str] = []
     for k, did in enumerate(delete_ids):
-        did = normalize_document_id(did)
+        try:
+            did = lookup_document_id(did)
+        except InvalidInput as exc:
+            results[len(items) + k] = rejected(printable(str(did)), exc)
+            continue
         if did in seen:
             results[len(items) + k] = rejected(did, InvalidInput("document id is both ingested and "
                                                                  "deleted in one batch"))

@@ -17,9 +17,10 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, defer
 
+from foundation.bounds import check_int64
 from foundation.errors import UnknownDocument, UnknownRevision, UnknownVersion
 from foundation.hashing import sha256_json
-from retrieval.document_ids import normalize_document_id
+from retrieval.document_ids import lookup_document_id
 from retrieval.models import Chunk, Document, DocumentVersion, Revision
 
 
@@ -145,9 +146,10 @@ def get_revision(session: Session, number: int) -> RevisionInfo:
     """Revision ``number``.
 
     Raises:
+        InvalidInput: ``number`` is not an integer in the signed 64-bit range.
         UnknownRevision: no such revision.
     """
-    row = session.get(Revision, int(number))
+    row = session.get(Revision, check_int64(number, "revision"))
     if row is None:
         raise UnknownRevision(f"no revision {number} (latest is {latest_revision(session)})",
                               revision=number)
@@ -158,9 +160,9 @@ def list_revisions(session: Session, *, limit: int | None = None, offset: int = 
                    newest_first: bool = False) -> list[RevisionInfo]:
     """Revisions ordered by number (ascending unless ``newest_first``), paged by ``limit``/``offset``."""
     order = Revision.number.desc() if newest_first else Revision.number.asc()
-    q = select(Revision).order_by(order).offset(max(0, offset))
+    q = select(Revision).order_by(order).offset(max(0, check_int64(offset, "offset")))
     if limit is not None:
-        q = q.limit(max(0, limit))
+        q = q.limit(max(0, check_int64(limit, "limit")))
     return [_revision_info(r) for r in session.scalars(q)]
 
 
@@ -221,7 +223,7 @@ def get_document(session: Session, document_id: str) -> DocumentInfo:
     Raises:
         UnknownDocument: the id was never ingested.
     """
-    document_id = normalize_document_id(document_id)
+    document_id = lookup_document_id(document_id)
     doc = session.get(Document, document_id)
     if doc is None:
         raise UnknownDocument(f"no document {document_id!r}", document_id=document_id)
@@ -241,7 +243,7 @@ def list_versions(session: Session, document_id: str) -> list[VersionInfo]:
     Raises:
         UnknownDocument: the id was never ingested.
     """
-    document_id = normalize_document_id(document_id)
+    document_id = lookup_document_id(document_id)
     rows = list(session.scalars(select(DocumentVersion).where(DocumentVersion.document_id == document_id)
                                 .order_by(DocumentVersion.version)))
     if not rows:
@@ -256,7 +258,8 @@ def get_version(session: Session, document_id: str, version: int) -> VersionInfo
         UnknownDocument: the id was never ingested.
         UnknownVersion: the document has no such version.
     """
-    document_id = normalize_document_id(document_id)
+    document_id = lookup_document_id(document_id)
+    version = check_int64(version, "version", lo=1)
     row = session.scalar(select(DocumentVersion).where(DocumentVersion.document_id == document_id,
                                                        DocumentVersion.version == int(version)))
     if row is None:

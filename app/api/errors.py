@@ -18,8 +18,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from foundation.db_errors import translate_db_error
 from foundation.errors import (
     BudgetUnreachable,
     Busy,
@@ -31,6 +33,7 @@ from foundation.errors import (
     RagBudgetError,
     TooLarge,
     Unauthenticated,
+    Unavailable,
     UnsupportedParameter,
 )
 
@@ -45,6 +48,7 @@ STATUS: list[tuple[type[RagBudgetError], int]] = [
     (Unauthenticated, 401),
     (Forbidden, 403),
     (IntegrityFailure, 409),
+    (Unavailable, 503),
     (RagBudgetError, 500),
 ]
 
@@ -137,8 +141,11 @@ _HTTP_CODES = {400: "malformed_body", 404: "not_found", 405: "method_not_allowed
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Map ``RagBudgetError``, request validation errors and Starlette's own HTTP errors
-    (unparseable body, unknown path) to the JSON error envelope."""
+    """Map ``RagBudgetError``, request validation errors, Starlette's own HTTP errors
+    (unparseable body, unknown path), database and driver errors (through
+    :func:`foundation.db_errors.translate_db_error`: 422 ``invalid_value``, 409, 503) and,
+    last, any other exception (500 ``internal_error``) to the JSON error envelope: no
+    route answers a plain-text 500."""
 
     def respond(req: Request, status: int, code: str, message: str, details: dict[str, Any],
                 headers: dict[str, str] | None = None, param: str | None = None) -> JSONResponse:
@@ -155,6 +162,16 @@ def install_error_handlers(app: FastAPI) -> None:
         if isinstance(exc, Unauthenticated):
             headers["WWW-Authenticate"] = "Bearer"
         return respond(req, status_for(exc), exc.code, exc.message, exc.details, headers)
+
+    @app.exception_handler(SQLAlchemyError)
+    async def _db_error(req: Request, exc: SQLAlchemyError) -> JSONResponse:
+        return await _ragbudget_error(req, translate_db_error(exc))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
+        # Starlette logs the traceback (server side) and still sends this body.
+        return respond(req, 500, "internal_error", "internal error; the server log has the details",
+                       {"error_type": type(exc).__name__})
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(req: Request, exc: RequestValidationError) -> JSONResponse:

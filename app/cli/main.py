@@ -26,7 +26,7 @@ from app.cli import (
     sweep_cmds,
 )
 from app.cli.common import fail
-from foundation.errors import RagBudgetError
+from foundation.errors import InvalidConfig, RagBudgetError
 
 # Command-group modules, in help order, registered explicitly. Each has register(subparsers).
 COMMAND_MODULES: tuple[ModuleType, ...] = (
@@ -49,16 +49,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the command, return its exit code."""
+    from pydantic import ValidationError
+    from sqlalchemy.exc import SQLAlchemyError
+
     from app.services import Services
     from app.settings import get_settings
+    from foundation.db_errors import translate_db_error
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    services = Services(get_settings())
+    services = None
     try:
+        services = Services(get_settings())
         return int(args.func(args, services) or 0)
     except RagBudgetError as exc:
         return fail(args, exc)
+    except SQLAlchemyError as exc:
+        return fail(args, translate_db_error(exc))
+    except ValidationError as exc:  # settings from the environment out of range
+        return fail(args, InvalidConfig(f"invalid settings: {exc.errors()[0].get('loc')}: "
+                                        f"{exc.errors()[0].get('msg')}", errors=exc.error_count()))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -69,8 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    except Exception as exc:
+        # No traceback for a user: one line and exit 1 (RAGBUDGET_DEBUG=1 shows it).
+        if os.environ.get("RAGBUDGET_DEBUG") == "1":
+            raise
+        return fail(args, RagBudgetError(f"internal error: {type(exc).__name__}: {exc}"[:500],
+                                         code="internal_error"))
     finally:
-        services.close()
+        if services is not None:
+            services.close()
 
 
 if __name__ == "__main__":  # pragma: no cover
