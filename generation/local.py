@@ -157,6 +157,7 @@ class LocalGenerator:
         return self._run(list(prompt_ids), prefix, params.resolved(), cancel)
 
     def prefix_cached(self, prefix_ids: list[int]) -> bool:
+        """True when the prefix cache holds the KV cache of exactly ``prefix_ids``."""
         return list(prefix_ids) in self.prefix_cache
 
     def warm_prefix(self, prefix_ids: list[int]) -> float:
