@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -217,7 +218,8 @@ def contended(others_cpu_s: float | None, wall_s: float, cores: int) -> bool:
 
 
 def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, progress: bool = True,
-              prefill_model: str | None = None, contention_retries: int = 2) -> Profile:
+              prefill_model: str | None = None, contention_retries: int = 2,
+              cpu_probe: Callable[[], tuple[float, float, float] | None] | None = None) -> Profile:
     """Measure ``timer`` over ``grid`` and fit a ``source="fitted"`` :class:`Profile`.
 
     Each call is bracketed by :func:`latency_model.probe.cpu_snapshot`; a call
@@ -237,6 +239,10 @@ def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, prog
         prefill_model: force a prefill form; default: chosen by leave-one-length-out MAPE
             (:func:`latency_model.fitting.select_prefill`).
         contention_retries: re-measurements of a contended call (0: keep every first measurement).
+        cpu_probe: where CPU snapshots come from (default
+            :func:`latency_model.probe.cpu_snapshot`, this machine's ``/proc/stat``). A timer
+            that does no real work (a test double) passes ``lambda: None``, so nothing is judged
+            contended and the profile does not depend on what else this machine runs.
 
     Raises:
         BackendError: the timer failed or returned a non-positive time.
@@ -246,7 +252,10 @@ def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, prog
 
     from tqdm import tqdm
 
-    from latency_model.probe import cpu_snapshot, other_cpu_fraction, other_cpu_seconds
+    from latency_model import probe
+    from latency_model.probe import other_cpu_fraction, other_cpu_seconds
+
+    cpu_snapshot = cpu_probe if cpu_probe is not None else probe.cpu_snapshot
 
     identity = dict(timer.identity)
     remote = str(identity.get("device") or "") == "remote"

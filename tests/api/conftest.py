@@ -25,7 +25,7 @@ from app.settings import Settings, get_settings
 from latency_model.calibration import calibrate, quick_grid
 from latency_model.profile import Profile
 from tests.api.fakes import CharTokenizer, EchoGenerator
-from tests.latency_model.conftest import FakeTimer
+from tests.latency_model.conftest import FakeTimer, no_cpu_probe
 from tests.retrieval.fakes import HashingEmbedder
 
 SENTINEL = "Zebrafish sentinel paragraph: the circulation pump is painted vermilion."
@@ -34,7 +34,8 @@ SENTINEL = "Zebrafish sentinel paragraph: the circulation pump is painted vermil
 @pytest.fixture(scope="session")
 def api_profile() -> Profile:
     """A profile fitted on the fake timer (its identity is the fake generator's)."""
-    return calibrate(FakeTimer(), grid=quick_grid(8192, [200]), seed=3, progress=False)
+    return calibrate(FakeTimer(), grid=quick_grid(8192, [200]), seed=3, progress=False,
+                     cpu_probe=no_cpu_probe)
 
 
 def make_services(settings: Settings, profile: Profile, generator: Any = None) -> Services:

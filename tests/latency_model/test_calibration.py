@@ -7,7 +7,7 @@ import pytest
 from foundation.errors import BackendError, InvalidInput
 from latency_model.calibration import PrefillTimer, calibrate, full_grid, quick_grid, schedule
 from latency_model.profile import Profile
-from tests.latency_model.conftest import TRUE_PREFILL, FakeTimer
+from tests.latency_model.conftest import TRUE_PREFILL, FakeTimer, no_cpu_probe
 
 
 def test_fake_timer_satisfies_the_protocol() -> None:
@@ -78,7 +78,8 @@ def test_held_out_errors_meet_the_target_on_two_percent_noise(fitted_profile: Pr
 def test_p95_band_covers_about_95_percent_of_fresh_points_across_runs() -> None:
     # One run has only 16 fresh points (a 95 % band misses 2+ of them 19 % of the time),
     # so judge the band over ten independent runs.
-    runs = [calibrate(FakeTimer(seed=s), grid=quick_grid(8192, [200]), seed=s, progress=False)
+    runs = [calibrate(FakeTimer(seed=s), grid=quick_grid(8192, [200]), seed=s, progress=False,
+                      cpu_probe=no_cpu_probe)
             for s in range(10)]
     mean_coverage = sum(p.held_out["fresh_p95_coverage"] for p in runs) / len(runs)
     assert mean_coverage >= 0.9
@@ -93,6 +94,7 @@ def test_profile_records_identity_grid_and_software(fitted_profile: Profile) -> 
 
 def test_forcing_a_form_uses_it() -> None:
     profile = calibrate(FakeTimer(), grid=quick_grid(4096, []), seed=0, progress=False,
+                        cpu_probe=no_cpu_probe,
                         prefill_model="quadratic_split")
     assert profile.prefill_model == "quadratic_split"
 
@@ -133,9 +135,7 @@ def test_profile_notes_heavy_contention() -> None:
     assert any("40%" in n for n in profile.notes)
 
 
-def test_contended_call_is_kept_apart_and_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    import latency_model.probe as probe
-
+def test_contended_call_is_kept_apart_and_measured_again() -> None:
     # Other processes burn 1 CPU-second during every 7th timed call.
     state = {"calls": 0, "busy": 0.0, "t": 0.0}
 
@@ -146,8 +146,8 @@ def test_contended_call_is_kept_apart_and_measured_again(monkeypatch: pytest.Mon
         state["t"] += 0.1
         return (state["busy"], 0.0, state["t"])
 
-    monkeypatch.setattr(probe, "cpu_snapshot", fake_snapshot)
-    profile = calibrate(FakeTimer(), grid=quick_grid(1024, []), seed=0, progress=False)
+    profile = calibrate(FakeTimer(), grid=quick_grid(1024, []), seed=0, progress=False,
+                        cpu_probe=fake_snapshot)
     roles = [r[3] for r in profile.samples["prefill"]]
     n_fit = sum(1 for x in quick_grid(1024, []).fit_points()
                 for _ in range(quick_grid(1024, []).repeats_for(x[0])))

@@ -60,7 +60,11 @@ def test_profiles_list_and_show(fake_env: FakeGenerator, engine: Engine, setting
     code, out, _ = _run(capsys, "profiles", "list", "--json")
     assert code == 0 and [p["id"] for p in json.loads(out)] == [fitted_profile.id]
     code, out, _ = _run(capsys, "profiles", "show", fitted_profile.id[7:20], "--json")
-    assert code == 0 and Profile.from_dict(json.loads(out)) == fitted_profile
+    shown = json.loads(out)
+    # The online correction rides beside the fitted profile, never inside it; none is stored
+    # before the first answer.
+    assert code == 0 and shown.pop("correction") is None
+    assert Profile.from_dict(shown) == fitted_profile
     code, out, _ = _run(capsys, "profiles", "show", fitted_profile.id)
     assert code == 0 and "source: fitted" in out and "leave-one-length-out" in out
 
@@ -100,7 +104,11 @@ def test_api_lists_profiles_without_samples(client: tuple[TestClient, str], fitt
 def test_api_returns_one_complete_profile(client: tuple[TestClient, str], fitted_profile: Profile) -> None:
     c, key = client
     r = c.get(f"/v1/latency/profiles/{fitted_profile.id}", headers={"Authorization": f"Bearer {key}"})
-    assert r.status_code == 200 and Profile.from_dict(r.json()) == fitted_profile
+    shown = r.json()
+    # The server's online correction rides beside the fitted profile: neutral before any answer.
+    correction = shown.pop("correction")
+    assert r.status_code == 200 and correction["n"] == 0 and correction["factor"] == 1.0
+    assert Profile.from_dict(shown) == fitted_profile
     r = c.get(f"/v1/latency/profiles/{fitted_profile.id}?samples=false",
               headers={"Authorization": f"Bearer {key}"})
     assert r.status_code == 200 and "samples" not in r.json()

@@ -16,9 +16,10 @@ from tests.ui.world import ConsoleWorld, build_world
 def ui_profile() -> Profile:
     """A profile fitted on the fake timer, keyed to the fake generator (as ``tests.api``'s)."""
     from latency_model.calibration import calibrate, quick_grid
-    from tests.latency_model.conftest import FakeTimer
+    from tests.latency_model.conftest import FakeTimer, no_cpu_probe
 
-    return calibrate(FakeTimer(), grid=quick_grid(8192, [200]), seed=3, progress=False)
+    return calibrate(FakeTimer(), grid=quick_grid(8192, [200]), seed=3, progress=False,
+                     cpu_probe=no_cpu_probe)
 
 
 @pytest.fixture(scope="module")
