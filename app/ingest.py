@@ -13,6 +13,7 @@ under a directory become document ids. The API (``/v1/documents``), the CLI
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,8 +49,40 @@ class IngestOutcome:
         return out
 
 
-def collect_files(paths: Sequence[Path], max_bytes: int,
-                  document_id: str | None = None) -> tuple[list[IngestItem], list[ItemResult]]:
+def _walk(root: Path, follow_symlinks: bool) -> tuple[list[Path], list[tuple[Path, str, str]]]:
+    """Files under directory ``root`` (sorted, hidden parts skipped) and ``(path, code, reason)``
+    for entries refused before reading: a symbolic link whose target lies outside ``root``
+    (``symlink_outside``, unless ``follow_symlinks``) and anything that is not a regular file
+    or directory (``not_regular_file``: a FIFO, a device, a socket)."""
+    base = root.resolve()
+    files: list[Path] = []
+    refused: list[tuple[Path, str, str]] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=follow_symlinks):
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for d in list(dirnames):
+            p = here / d
+            if p.is_symlink() and not follow_symlinks:
+                dirnames.remove(d)
+                if not p.resolve().is_relative_to(base):
+                    refused.append((p, "symlink_outside", "a symbolic link out of the ingest directory "
+                                    "(--follow-symlinks to follow it)"))
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            p = here / name
+            if p.is_symlink() and not follow_symlinks and not p.resolve().is_relative_to(base):
+                refused.append((p, "symlink_outside", "a symbolic link out of the ingest directory "
+                                "(--follow-symlinks to follow it)"))
+            elif not p.is_file():
+                refused.append((p, "not_regular_file", "not a regular file"))
+            else:
+                files.append(p)
+    return sorted(files), refused
+
+
+def collect_files(paths: Sequence[Path], max_bytes: int, document_id: str | None = None, *,
+                  follow_symlinks: bool = False) -> tuple[list[IngestItem], list[ItemResult]]:
     """Files under ``paths`` as ``IngestItem``s, plus ``ItemResult`` rejections found before reading.
 
     A directory is its own ingest root (ids are paths relative to it, ``/``-separated,
@@ -58,26 +91,38 @@ def collect_files(paths: Sequence[Path], max_bytes: int,
     file whose id breaks the grammar (``invalid_document_id``, e.g. a name that is not
     valid UTF-8), over ``max_bytes`` (``too_large``), with an unsupported suffix
     (``unsupported_type``), or unreadable (``unreadable``) is rejected on its own, as
-    is a missing path (``not_found``); the other files are still returned. Rejected
-    ids and paths are shown with :func:`retrieval.document_ids.printable`.
+    is a missing path (``not_found``), a path that exists but is neither a regular file
+    nor a directory (``not_regular_file``, e.g. ``/dev/zero``) and, inside a directory, a
+    symbolic link whose target is outside it (``symlink_outside``; followed only with
+    ``follow_symlinks``); the other files are still returned. Rejected ids and paths are
+    shown with :func:`retrieval.document_ids.printable`.
 
     Raises:
         InvalidInput: ``document_id`` given with anything but exactly one file path.
+        InvalidDocumentId: ``document_id`` breaks the id grammar (an empty id included).
     """
     from retrieval.extract import kind_for_suffix
 
-    if document_id is not None and (len(paths) != 1 or not paths[0].is_file()):
-        raise InvalidInput("--id needs exactly one file path")
+    if document_id is not None:
+        document_id = check_document_id(document_id)
+        if len(paths) != 1 or not paths[0].is_file():
+            raise InvalidInput("--id needs exactly one regular file path")
     found: list[tuple[str, Path]] = []
     rejected: list[ItemResult] = []
     for root in paths:
         if root.is_dir():
-            for f in sorted(root.rglob("*")):
-                rel = f.relative_to(root)
-                if f.is_file() and not any(part.startswith(".") for part in rel.parts):
-                    found.append((rel.as_posix(), f))
+            files, refused = _walk(root, follow_symlinks)
+            found.extend((f.relative_to(root).as_posix(), f) for f in files)
+            for f, code, reason in refused:
+                shown = printable(f.relative_to(root).as_posix())
+                rejected.append(ItemResult(shown, "rejected", reason=f"{reason}: {printable(str(f))}",
+                                           code=code))
         elif root.is_file():
             found.append((document_id or root.name, root))
+        elif root.exists():
+            shown = printable(str(root))
+            rejected.append(ItemResult(shown, "rejected", reason=f"not a regular file: {shown}",
+                                       code="not_regular_file"))
         else:
             shown = printable(str(root))
             rejected.append(ItemResult(shown, "rejected", reason=f"no such file or directory: {shown}",
@@ -145,10 +190,11 @@ class IngestService:
 
         return wordpiece_counter(self.settings.embedder_path or packaged_embedder_path())
 
-    def collect(self, paths: Sequence[Path],
-                document_id: str | None = None) -> tuple[list[IngestItem], list[ItemResult]]:
+    def collect(self, paths: Sequence[Path], document_id: str | None = None, *,
+                follow_symlinks: bool = False) -> tuple[list[IngestItem], list[ItemResult]]:
         """:func:`collect_files` with the settings' ``max_document_bytes``."""
-        return collect_files(paths, self.settings.max_document_bytes, document_id)
+        return collect_files(paths, self.settings.max_document_bytes, document_id,
+                             follow_symlinks=follow_symlinks)
 
     def ingest(self, items: Sequence[IngestItem], *, delete_ids: Sequence[str] = (), embed: bool = True,
                note: str | None = None, progress: bool | Callable[[int, int], None] = False,
@@ -180,7 +226,8 @@ class IngestService:
 
     def ingest_paths(self, paths: Sequence[Path], *, document_id: str | None = None,
                      delete_missing: bool = False, embed: bool = True, note: str | None = None,
-                     progress: bool | Callable[[int, int], None] = False) -> IngestOutcome:
+                     progress: bool | Callable[[int, int], None] = False,
+                     follow_symlinks: bool = False) -> IngestOutcome:
         """Ingest the files under ``paths`` (see :func:`collect_files`) as one batch.
 
         With ``delete_missing``, live documents whose ids were not found under
@@ -191,7 +238,7 @@ class IngestService:
             InvalidConfig: bad chunk window settings (checked before any file is read).
         """
         self.chunker_config()
-        items, rejected = self.collect(paths, document_id)
+        items, rejected = self.collect(paths, document_id, follow_symlinks=follow_symlinks)
         delete_ids: list[str] = []
         if delete_missing:
             from foundation.db import read_session

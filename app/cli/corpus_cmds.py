@@ -23,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ing.add_argument("--delete-missing", action="store_true",
                      help="tombstone live documents that are not found under the given paths")
     ing.add_argument("--no-embed", action="store_true", help="store and chunk only; embed later")
+    ing.add_argument("--follow-symlinks", action="store_true",
+                     help="follow symbolic links that point out of a given directory (default: refuse them)")
     ing.add_argument("--note", default=None, help="a note stored with the revision")
     add_json_flag(ing)
     ing.set_defaults(func=cmd_ingest)
@@ -95,7 +97,8 @@ def cmd_ingest(args: argparse.Namespace, services: Any) -> int:
 
     outcome = IngestService(services).ingest_paths(args.paths, document_id=args.document_id,
                                                    delete_missing=args.delete_missing,
-                                                   embed=not args.no_embed, note=args.note, progress=True)
+                                                   embed=not args.no_embed, note=args.note, progress=True,
+                                                   follow_symlinks=args.follow_symlinks)
     emit(args, outcome.to_dict(), render_ingest_report)
     return EXIT_REJECTED if outcome.report.counts["rejected"] else 0
 
