@@ -46,13 +46,18 @@ def check_budget(settings: Settings, budget_ms: float | None) -> float:
 
 
 def check_k(settings: Settings, k: int | None, default: int) -> int:
-    """Return k (``default`` when None). Raises InvalidInput (``invalid_k``) outside 0..max_k."""
+    """Return k (``default`` when None). Raises InvalidInput (``invalid_k``) outside 1..max_k.
+
+    ``k_max`` caps the retrieval candidates an answer may use; retrieval needs at least one
+    (``retrieval.retriever`` refuses k = 0), so the API schemas say ``ge=1`` as well. The
+    planner itself may still choose k = 0 (no chunk fits the budget).
+    """
     if k is None:
         return min(default, settings.max_k)
-    if not 0 <= int(k) <= settings.max_k:
-        raise InvalidInput(f"k must be in [0, {settings.max_k}], got {k}", code="invalid_k",
-                           limit=settings.max_k)
-    return int(k)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= settings.max_k:
+        raise InvalidInput(f"k_max must be an integer in [1, {settings.max_k}], got {k!r}", code="invalid_k",
+                           limit=settings.max_k, field="k_max")
+    return k
 
 
 def check_max_new_tokens(settings: Settings, n: int | None) -> int:

@@ -44,7 +44,7 @@ class AnswerCreate(BaseModel):
     ttft_budget_ms: float | None = Field(None, description="TTFT budget in ms (>0)")
     max_new_tokens: int | None = Field(None, ge=1)
     revision: int | None = Field(None, ge=1, le=MAX_REVISION)
-    k_max: int | None = Field(None, ge=0)
+    k_max: int | None = Field(None, ge=1)
     stream: bool = False
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -71,7 +71,7 @@ class AdviseCreate(BaseModel):
     ttft_budget_ms: float | None = Field(
         None, description="TTFT budget in ms (>0); default: the configured budget")
     revision: int | None = Field(None, ge=1, le=MAX_REVISION)
-    k_max: int | None = Field(None, ge=0)
+    k_max: int | None = Field(None, ge=1)
     max_new_tokens: int | None = Field(None, ge=1)
 
 
@@ -147,7 +147,7 @@ def advise(body: AdviseCreate, request: Request,
             response_model=AdviceCurve)
 def advise_curve(question: str = Query(..., max_length=100_000),
                  ttft_budget_ms: float | None = Query(None),
-                 k_max: int | None = Query(None, ge=0),
+                 k_max: int | None = Query(None, ge=1),
                  revision: int | None = Query(None, ge=1, le=MAX_REVISION),
                  pipeline: AnswerPipeline = Depends(get_pipeline)) -> AdviceCurve:
     """The per-k curve for a user interface: same rows as ``/v1/advise``, budget optional."""
