@@ -13,7 +13,8 @@ One run, every backend on the same texts and queries, interleaved:
    keeps their timings (``<data-dir>/timings.jsonl``).
 3. **Query latency.** Every book-index query is embedded alone by every
    backend (order rotated per query); p50/p99 in ms.
-4. **Quality.** Each backend's vectors go through the production
+4. **Quality.** Each backend's vectors (of every chunk: the retriever's sync
+   embeds the chunks ``--groups`` left out, untimed) go through the production
    :class:`retrieval.retriever.Retriever` (exact FAISS search, top 200 chunks,
    collapsed to pages, ``bookindex.html`` removed), scored as in
    ``benchmarks/retrieval_quality.py`` on the 3 015 queries. The quality bar:
@@ -27,7 +28,9 @@ Ratios are to torch measured in the same run. The machine (CPU model, cores)
 and load average before/after are printed with the results. Usage::
 
     python benchmarks/embedder_backends.py --json embedders.json
-    python benchmarks/embedder_backends.py --backends torch,onnx --groups 4 --queries 200   # quick look
+    python benchmarks/embedder_backends.py --backends torch,onnx --groups 4 --queries 200 --skip-quality
+    # throughput on the first 8 groups, quality (every chunk, every query) for torch and openvino:
+    python benchmarks/embedder_backends.py --groups 8 --quality-backends torch,openvino
 """
 
 from __future__ import annotations
@@ -251,7 +254,7 @@ def report(results: dict[str, Any]) -> str:
         q = qual.get(n, {})
         dr = q.get("recall@10", 0) - qual.get(t, {}).get("recall@10", 0) if q and t in qual else float("nan")
         dm = q.get("mrr", 0) - qual.get(t, {}).get("mrr", 0) if q and t in qual else float("nan")
-        ok = "yes" if abs(dr) <= RECALL_TOL and abs(dm) <= MRR_TOL else "no"
+        ok = "n/a" if dr != dr else "yes" if abs(dr) <= RECALL_TOL and abs(dm) <= MRR_TOL else "no"
         m = mem.get(n, {})
         lines.append(
             f"| {n} | {ing[n]['chunks_per_s']:.1f} | {ing[n]['chunks_per_s'] / ing[t]['chunks_per_s']:.2f} | "
@@ -270,8 +273,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--groups", type=int, default=0, help="embed only the first N groups of 256 (0: all)")
     ap.add_argument("--queries", type=int, default=0, help="only the first N book-index queries (0: all)")
+    ap.add_argument("--latency-queries", type=int, default=0,
+                    help="time only the first N queries' embedding (0: all); quality still uses every query")
     ap.add_argument("--chunks", type=int, default=200, help="chunks retrieved per query")
     ap.add_argument("--skip-quality", action="store_true")
+    ap.add_argument("--quality-backends", default="",
+                    help="score quality only for these backends (comma-separated; default: all); their "
+                    "missing vectors are embedded first, so quality always covers every chunk")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--export-root", type=Path, default=None, help=argparse.SUPPRESS)
@@ -300,12 +308,19 @@ def main(argv: list[str] | None = None) -> int:
     evalset = parse_bookindex((corpus_dir / "bookindex.html").read_text(encoding="utf-8"))
     if args.queries:
         evalset = evalset[:args.queries]
-    query = query_phase(embedders, [q for q, _ in evalset])
-    quality = {} if args.skip_quality or args.groups else quality_phase(
-        engine, embedders, evalset, args.data_dir / "index", args.chunks)
+    timed = evalset[:args.latency_queries] if args.latency_queries else evalset
+    query = query_phase(embedders, [q for q, _ in timed])
+    scored = [n.strip() for n in args.quality_backends.split(",") if n.strip()] or names
+    unknown = sorted(set(scored) - set(names))
+    if unknown:
+        ap.error(f"--quality-backends names backends not benchmarked: {', '.join(unknown)}")
+    quality = {} if args.skip_quality else quality_phase(
+        engine, {n: embedders[n] for n in names if n in scored}, evalset, args.data_dir / "index",
+        args.chunks)
     memory = memory_phase(names, export_root, args.threads, [texts[h] for h in sorted(texts)], args.data_dir)
     results = {"machine": start, "load_after": list(os.getloadavg()), "corpus": f"postgres-docs {VERSION}",
-               "distinct_chunk_texts": len(texts), "queries": len(evalset), "backends": names,
+               "distinct_chunk_texts": len(texts), "queries": len(evalset), "latency_queries": len(timed),
+               "backends": names,
                "embedder_ids": {n: e.embedder_id for n, e in embedders.items()},
                "identities": {n: e.identity for n, e in embedders.items()},
                "ingest": ingest, "query": query, "quality": quality, "memory": memory,

@@ -13,6 +13,10 @@ pipeline in NumPy, the way sentence-transformers' own ONNX/OpenVINO backends do:
   ``[CLS]`` token) in float32, then L2-normalise (``v / max(|v|, 1e-12)``, as
   ``torch.nn.functional.normalize``).
 
+The ``onnx`` backend runs the graph after ONNX Runtime's BERT fusions
+(``model-fused.onnx``: fused multi-head ``Attention``, ``SkipLayerNormalization``,
+``BiasGelu``), OpenVINO the plain traced graph (it fuses at compile time).
+
 Determinism: the runtime's threads and graph settings are pinned and recorded
 in the identity (ONNX Runtime: ``intra_op_num_threads``, one inter-op thread,
 sequential execution, ``ORT_ENABLE_ALL``, deterministic compute; OpenVINO: one

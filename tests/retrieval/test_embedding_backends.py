@@ -17,7 +17,7 @@ from sqlalchemy import Engine, func, select
 
 from foundation.db import read_session
 from foundation.errors import IntegrityFailure, InvalidConfig
-from retrieval.embedding_export import INT8_ONNX, MANIFEST, PLAIN_ONNX, ensure_onnx
+from retrieval.embedding_export import EXPORT_FORMAT, FUSED_ONNX, INT8_ONNX, MANIFEST, PLAIN_ONNX, ensure_onnx
 from retrieval.embedding_runtime import RuntimeEmbedder, build_embedder
 from retrieval.models import Embedding
 from retrieval.retriever import Retriever
@@ -73,6 +73,23 @@ def test_int8_vectors_stay_close_to_torch(int8: RuntimeEmbedder, torch_embedder:
     vecs = int8.embed_documents(TEXTS)
     cos = (vecs * torch_embedder.embed_documents(TEXTS)).sum(axis=1)
     assert cos.min() > 0.95 and np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+
+
+def test_onnx_runs_the_fused_graph_and_openvino_the_plain_one(runtime: RuntimeEmbedder,
+                                                               int8: RuntimeEmbedder) -> None:
+    import onnx
+
+    directory = runtime.graph.parent if runtime.backend == "onnx" else runtime.graph.parent.parent
+    assert directory.name.endswith(f"-f{EXPORT_FORMAT}")  # a new export procedure, a new directory
+    if runtime.backend == "openvino":
+        assert list(runtime.identity["graph_sha256"])[0] == PLAIN_ONNX
+        ops = {n.op_type for n in onnx.load(str(directory / PLAIN_ONNX)).graph.node}
+        assert "Attention" not in ops and "MatMul" in ops  # standard operators only
+        return
+    assert runtime.graph.name == FUSED_ONNX and int8.graph.name == INT8_ONNX
+    assert list(runtime.identity["graph_sha256"]) == [FUSED_ONNX]
+    ops = [n.op_type for n in onnx.load(str(runtime.graph)).graph.node]
+    assert ops.count("Attention") == 6 and ops.count("SkipLayerNormalization") == 12  # one per layer
 
 
 def test_word_pieces_and_truncation_match_sentence_transformers(runtime: RuntimeEmbedder,
@@ -170,6 +187,7 @@ def test_export_runs_once_and_is_byte_identical_when_repeated(tmp_path: Path) ->
     again = ensure_onnx(Path(minilm_path()), tmp_path, "copy", "sha256:" + "0" * 64)
     repeated = json.loads((again.parent / MANIFEST).read_text())
     assert manifest["files"][PLAIN_ONNX] == repeated["files"][PLAIN_ONNX]
+    assert manifest["files"][FUSED_ONNX] == repeated["files"][FUSED_ONNX]  # the fusion is deterministic
     assert not list(again.parent.glob(".export-*"))  # no temporary left behind
 
 
