@@ -1,4 +1,5 @@
-"""Fuzzing every operation of the OpenAPI schema with schemathesis against the app on fake services.
+"""Fuzzing every operation of the OpenAPI schema with schemathesis against the app on fake services,
+on SQLite and on PostgreSQL (whose driver refuses values SQLite stores: NUL, out-of-range numbers).
 
 Auth is on and every request carries an admin key, so generated requests reach
 the handlers. Bounded: a few examples per operation, no per-example deadline
@@ -9,6 +10,7 @@ below 500 and match the documented schema (status code, content type, body).
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,9 +41,37 @@ OPERATIONS = sorted((m, p.replace(":path}", "}")) for m, p in ROUTE_ROLES
                     if p not in UNDOCUMENTED and not p.startswith("/ui"))
 
 
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def fuzz_db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The fuzzed app's database: a SQLite file, or a fresh PostgreSQL schema (dropped after)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('fuzzdb') / 'api.db'}"
+        return
+    from sqlalchemy import create_engine, text
+
+    from tests.conftest import PG_BASE, _pg_available
+
+    if not _pg_available():
+        if os.environ.get("RAGBUDGET_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"PostgreSQL is required but unreachable at {PG_BASE}")
+        pytest.skip("PostgreSQL not reachable")
+    schema = "fuzz_" + uuid.uuid4().hex[:12]
+    admin = create_engine(PG_BASE, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield f"{PG_BASE}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
 @pytest.fixture(scope="module")
-def fuzz_target(tmp_path_factory: pytest.TempPathFactory, api_profile: Any) -> Iterator[tuple[Any, str]]:
-    services = make_services(api_settings(tmp_path_factory.mktemp("fuzz")), api_profile)
+def fuzz_target(tmp_path_factory: pytest.TempPathFactory, api_profile: Any,
+                fuzz_db: str) -> Iterator[tuple[Any, str]]:
+    services = make_services(api_settings(tmp_path_factory.mktemp("fuzz"), database_url=fuzz_db),
+                             api_profile)
     _, key = create_key(services.engine, "admin", "fuzz")
     app = create_app(services=services)
     from fastapi.testclient import TestClient
