@@ -660,7 +660,9 @@ class AnswerPipeline:
                        "weights_hash": ident.get("weights_hash"), "dtype": ident.get("dtype"),
                        "device": ident.get("device"),
                        "params": {**params.to_dict(), "stop": list(p.request.stop)},
-                       "chat_template": ident.get("chat_template")},
+                       "chat_template": ident.get("chat_template"),
+                       # the local engine's prefill chunking, which replay reuses
+                       **({"engine": ident["engine"]} if ident.get("engine") else {})},
             timings=summary.timings.model_dump(),
             output={"text": text, "text_hash": sha256_text(text),
                     "token_ids": out_ids, "token_ids_hash": sha256_ints(out_ids),

@@ -7,7 +7,7 @@ is not given, replay still runs the checks it can and marks the others ``skipped
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from app.services import Services
 from foundation.provenance import software_versions
@@ -84,8 +84,14 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
         params = GenParams(max_new_tokens=int(p["max_new_tokens"]), temperature=float(p["temperature"]),
                            top_p=float(p["top_p"]), seed=p.get("seed"))
         stopper, events, per_event = StopMatcher(list(p.get("stop") or [])), 0, True
-        stream = gen.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids, params=params,
-                            messages=prompt.messages or None)
+        recorded = (body["generator"].get("engine") or {}).get("prefill_chunk")
+        if recorded and gen.identity.get("backend") == "local":
+            # the local engine's chunk boundaries are part of what fixes its output bits
+            stream = cast(Any, gen).stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids,
+                                           params=params, prefill_chunk=int(recorded))
+        else:
+            stream = gen.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids, params=params,
+                                messages=prompt.messages or None)
         try:
             for ev in stream:
                 events += 1

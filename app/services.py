@@ -160,6 +160,9 @@ def build_generator(settings: Settings, services: Services) -> Generator:
         model_id = settings.generator_path or PACKAGED_GENERATOR_ID
         gen = LocalGenerator(services.generator_dir, tokenizer=services.tokenizer, model_id=model_id,
                              device=settings.generator_device, dtype=settings.generator_dtype,
-                             threads=settings.torch_threads, stop_token_ids=stop_ids)
+                             threads=settings.torch_threads, stop_token_ids=stop_ids,
+                             max_running=settings.generator_max_running,
+                             step_token_budget=settings.generator_step_token_budget,
+                             prefill_chunk=settings.generator_prefill_chunk)
     gen.identity["chat_template"] = builder.describe()
     return gen

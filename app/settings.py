@@ -55,6 +55,14 @@ class Settings(BaseSettings):
                                       "has none).")
     generator_device: Literal["auto", "cpu", "cuda"] = "auto"
     generator_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    generator_max_running: int = Field(8, ge=1, le=256, description="Local engine: answers "
+                                       "decoding together at most; later ones wait in arrival order.")
+    generator_step_token_budget: int = Field(256, ge=1, le=65536, description="Local engine: "
+                                             "tokens per step (decode tokens + prefill chunks; one "
+                                             "chunk always fits).")
+    generator_prefill_chunk: int = Field(64, ge=1, le=65536, description="Local engine: prefill "
+                                         "chunk size in tokens (recorded in receipts; replay reuses "
+                                         "the recorded one).")
     remote_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. "
                                         "http://127.0.0.1:8001/v1 (vLLM, SGLang).")
     remote_model: str | None = None

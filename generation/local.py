@@ -1,18 +1,18 @@
-"""The local backend: a Hugging Face transformers causal LM with a manual decode loop.
+"""The local backend: a Hugging Face transformers causal LM behind a continuous-batching engine.
 
-A hand-written loop (not ``model.generate``) so that the scaffold's KV cache can
-be injected, cancellation is checked between tokens, and every token carries
-its own ``time.perf_counter()`` stamp. transformers 5.x takes the cache as
-``cache=`` (``past_key_values=`` is deprecated since 5.x, removal announced for
-5.40; verified with 5.24) and returns it, extended in place, as ``output.cache``.
-
-One generation runs at a time per model (``self._lock``); the answer pipeline
-queues requests in front of it.
+Answers run through :mod:`generation.scheduler` (not ``model.generate``): one
+forward per engine step over the decode tokens of every running answer plus
+prefill chunks of new ones, each answer with its own KV buffer, so several
+answers share the model at once; the scaffold's KV comes from the prefix cache,
+cancellation is checked between tokens, and every token carries its own
+``time.perf_counter()`` stamp. An answer's tokens do not depend on what else
+runs with it (the scheduler's docstring and docs/receipts.md say how and where).
 """
 
 from __future__ import annotations
 
 import platform
+import queue
 import random
 import threading
 import time
@@ -27,7 +27,15 @@ from generation.base import (
     IncrementalDetokenizer,
     TokenEvent,
 )
-from generation.prefix_cache import PrefixEntry, PrefixKVCache
+from generation.prefix_cache import PrefixKVCache
+from generation.scheduler import (
+    ATTN_NAME,
+    MIN_ROWS,
+    ROW_MULTIPLE,
+    Engine,
+    Sequence,
+    register_packed_attention,
+)
 from retrieval.tokens import HFTextTokenizer, TextTokenizer
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -81,15 +89,23 @@ class LocalGenerator:
         stop_token_ids: ids that end an answer besides the model's EOS set (the chat
             template's end-of-turn token, e.g. Gemma's ``<end_of_turn>`` when the
             model's generation config lists only ``<eos>``).
+        max_running: answers decoding together at most (the rest wait, in arrival order).
+        step_token_budget: tokens one engine step carries at most (decode tokens plus
+            prefill chunks; one chunk always fits).
+        prefill_chunk: prefill chunk size in tokens; chunk boundaries are a pure function of
+            the prompt and this number, recorded in ``identity["engine"]`` (receipts), and a
+            replay passes the recorded value back (``stream(prefill_chunk=...)``).
 
     Raises:
-        InvalidConfig: bad device/dtype or a directory transformers cannot load.
+        InvalidConfig: bad device/dtype, engine settings below 1, or a directory transformers
+            cannot load.
     """
 
     def __init__(self, model_dir: Path | str, *, tokenizer: TextTokenizer | None = None,
                  model_id: str | None = None, device: str = "auto", dtype: str = "auto",
                  threads: int = 2, prefix_cache_capacity: int = 4,
-                 stop_token_ids: list[int] | None = None) -> None:
+                 stop_token_ids: list[int] | None = None, max_running: int = 8,
+                 step_token_budget: int = 256, prefill_chunk: int = 64) -> None:
         import torch
         import transformers
         from transformers import AutoModelForCausalLM
@@ -97,14 +113,18 @@ class LocalGenerator:
         from foundation.quiet import quiet_weight_loading
         from generation.assets import load_tokenizer, weights_hash
 
+        if min(max_running, step_token_budget, prefill_chunk) < 1:
+            raise InvalidConfig("max_running, step_token_budget and prefill_chunk must be >= 1")
         model_dir = Path(model_dir)
         self.device, self.dtype = resolve_device_dtype(device, dtype)
         torch.set_num_threads(threads)
         self.threads = threads
+        register_packed_attention()
         try:
             with quiet_weight_loading():
                 model = AutoModelForCausalLM.from_pretrained(
-                    str(model_dir), dtype=getattr(torch, self.dtype), local_files_only=True)
+                    str(model_dir), dtype=getattr(torch, self.dtype), local_files_only=True,
+                    attn_implementation=ATTN_NAME)
         except (OSError, ValueError) as exc:
             raise InvalidConfig(f"cannot load a causal LM from {model_dir}: {exc}") from exc
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]
@@ -114,6 +134,11 @@ class LocalGenerator:
         self.context_window = int(getattr(self.config, "max_position_embeddings", 2048))
         self.eos_token_ids = sorted(set(self._eos_ids()) | {int(i) for i in stop_token_ids or []})
         self.model_id = model_id or model_dir.name
+        self.prefill_chunk = prefill_chunk
+        # CUDA: one fixed row count per step (cuBLAS chooses kernels by shape); CPU: padded_rows().
+        fixed_rows = (max(max_running, step_token_budget) + prefill_chunk
+                      if self.device == "cuda" else None)
+        self.fixed_rows = fixed_rows
         self.identity: dict[str, Any] = {
             "backend": "local",
             "model_id": self.model_id,
@@ -125,24 +150,45 @@ class LocalGenerator:
             "threads": threads,
             "context_window": self.context_window,
             "tokenizer_id": self.tokenizer.tokenizer_id,
+            "engine": {"kind": "continuous-batching", "prefill_chunk": prefill_chunk,
+                       "row_padding": (f"fixed:{fixed_rows}" if fixed_rows
+                                       else f"min{MIN_ROWS}x{ROW_MULTIPLE}")},
             "software": {"python": platform.python_version(), "torch": torch.__version__,
                          "transformers": transformers.__version__},
         }
         self.prefix_cache = PrefixKVCache(self.model_id + "@" + self.identity["weights_hash"],
                                           self.device, self.dtype, prefix_cache_capacity)
-        self.last_stats: GenerationStats | None = None
         self._lock = threading.Lock()
+        self._local = threading.local()
+        self._last_any: GenerationStats | None = None
+        self.engine = Engine(self.model, self.device, self._lock, self._prefix_lookup,
+                             self._prefix_store, max_running, step_token_budget, fixed_rows)
+
+    @property
+    def last_stats(self) -> GenerationStats | None:
+        """Stats of the latest stream this thread consumed (several answers run at once, so
+        each consumer sees its own); from another thread, the latest finished anywhere."""
+        return getattr(self._local, "stats", None) or self._last_any
+
+    @last_stats.setter
+    def last_stats(self, value: GenerationStats | None) -> None:
+        self._local.stats = value
+        self._last_any = value
 
     # --- public contract ----------------------------------------------------------
     def stream(self, prompt_ids: list[int], *, cached_prefix_ids: list[int] | None = None,
                params: GenParams, cancel: threading.Event | None = None,
-               messages: list[dict[str, str]] | None = None) -> Iterator[TokenEvent]:
+               messages: list[dict[str, str]] | None = None,
+               prefill_chunk: int | None = None) -> Iterator[TokenEvent]:
         """See :meth:`generation.base.Generator.stream` (``messages`` is ignored here).
 
-        Validation happens now; the model lock is taken when iteration starts.
+        Validation happens now; the answer joins the engine when iteration starts.
+        ``prefill_chunk`` overrides the configured chunk size (replay passes the one a
+        receipt recorded).
 
         Raises:
-            InvalidInput: empty prompt; TooLarge: prompt does not leave room for one token.
+            InvalidInput: empty prompt or ``prefill_chunk < 1``; TooLarge: prompt does not
+                leave room for one token.
         """
         if not prompt_ids:
             raise InvalidInput("the prompt is empty")
@@ -151,10 +197,13 @@ class LocalGenerator:
                            f"of {self.context_window}", prompt_tokens=len(prompt_ids))
         if params.max_new_tokens < 1:
             raise InvalidInput("max_new_tokens must be >= 1")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise InvalidInput("prefill_chunk must be >= 1")
         prefix = list(cached_prefix_ids or [])
         if not prefix or len(prefix) > len(prompt_ids) or prompt_ids[:len(prefix)] != prefix:
             prefix = []
-        return self._run(list(prompt_ids), prefix, params.resolved(), cancel)
+        return self._run(list(prompt_ids), prefix, params.resolved(), cancel,
+                         prefill_chunk or self.prefill_chunk)
 
     def prefix_cached(self, prefix_ids: list[int]) -> bool:
         """True when the prefix cache holds the KV cache of exactly ``prefix_ids``."""
@@ -163,14 +212,16 @@ class LocalGenerator:
     def warm_prefix(self, prefix_ids: list[int]) -> float:
         """Compute and store the KV cache of ``prefix_ids`` (under the model lock); ms spent."""
         t0 = time.perf_counter()
-        with self._lock:
-            self.prefix_cache.get_or_compute(list(prefix_ids), self._compute_prefix)
+        ids = list(prefix_ids)
+        if ids and ids not in self.prefix_cache:
+            with self._lock:
+                self.engine.run_alone(self._sequence(ids, len(ids), GenParams(max_new_tokens=1)))
         return (time.perf_counter() - t0) * 1000.0
 
     def prefill_ms(self, prompt_tokens: int, cached_tokens: int) -> float:
-        """Time the stream() prefill path on synthetic ids: cache copy + prefill + first token, ms.
+        """Time the engine's prefill of one answer alone: cache copy + chunked prefill + first token, ms.
 
-        The ``cached_tokens`` prefix is computed first, untimed and outside the LRU.
+        The ``cached_tokens`` prefix is computed first, untimed, and kept out of the LRU.
         CUDA work is synchronised before and after the timed section.
 
         Raises:
@@ -180,29 +231,32 @@ class LocalGenerator:
             raise InvalidInput(f"bad prefill shape n={prompt_tokens} c={cached_tokens}")
         ids = self._synthetic_ids(prompt_tokens)
         with self._lock:
-            entry = self._detached_entry(ids[:cached_tokens]) if cached_tokens else None
+            detached: dict[str, Any] = {}
+            if cached_tokens:
+                seq = self._sequence(ids[:cached_tokens], cached_tokens, GenParams(max_new_tokens=1))
+                self._run_detached(seq, detached)
+            seq = self._sequence(ids, cached_tokens, GenParams(max_new_tokens=1))
             self._sync()
             t0 = time.perf_counter()
-            _kv, logits = self._prefill_after(entry, ids[cached_tokens:])
-            self._select(logits, GenParams(), None)
+            self._run_detached(seq, detached)
             self._sync()
             return (time.perf_counter() - t0) * 1000.0
 
     def decode_step_ms(self, context_tokens: int) -> float:
-        """Time one stream() decode step (forward of one token + selection) after ``context_tokens``, ms.
+        """Time one engine decode step of one answer alone after ``context_tokens``, ms.
 
         Raises:
             InvalidInput: not ``1 <= context_tokens < context_window``.
         """
         if not 1 <= context_tokens < self.context_window:
             raise InvalidInput(f"bad decode context {context_tokens}")
-        ids = self._synthetic_ids(context_tokens + 1)
+        ids = self._synthetic_ids(context_tokens)
         with self._lock:
-            kv, _ = self._compute_prefix(ids[:context_tokens])
+            seq = self._sequence(ids, 0, GenParams(max_new_tokens=2), eos=frozenset())
+            self.engine.run_alone(seq)
             self._sync()
             t0 = time.perf_counter()
-            logits = self._forward([ids[-1]], kv)
-            self._select(logits, GenParams(), None)
+            self.engine._step([seq])
             self._sync()
             return (time.perf_counter() - t0) * 1000.0
 
@@ -225,97 +279,111 @@ class LocalGenerator:
             "bytes_per_param": {"float32": 4, "bfloat16": 2, "float16": 2}[self.dtype],
         }
 
-    # --- the decode loop ------------------------------------------------------------
+    # --- one answer through the engine ----------------------------------------------
+    def _sequence(self, prompt_ids: list[int], prefix_len: int, params: GenParams,
+                  cancel: threading.Event | None = None, chunk: int | None = None,
+                  eos: frozenset[int] | None = None) -> Sequence:
+        rng = self._rng(params)
+        max_new = max(1, min(params.max_new_tokens, self.context_window - len(prompt_ids)))
+        return Sequence(prompt=prompt_ids, prefix_len=prefix_len, max_new=max_new,
+                        chunk=chunk or self.prefill_chunk,
+                        select=lambda logits: self._select(logits, params, rng),
+                        eos=frozenset(self.eos_token_ids) if eos is None else eos, cancel=cancel)
+
+    def _run_detached(self, seq: Sequence, store: dict[str, Any]) -> None:
+        """Run ``seq`` alone to its first token with a private prefix store (calibration)."""
+        engine = Engine(self.model, self.device, self._lock,
+                        lambda ids: store.get("entry") if store.get("len") == len(ids) else None,
+                        lambda ids, kv, lg: store.update({"entry": (kv, lg), "len": len(ids)}),
+                        1, 1 << 30, self.fixed_rows)
+        engine.run_alone(seq)
+
     def _run(self, prompt_ids: list[int], prefix: list[int], params: GenParams,
-             cancel: threading.Event | None) -> Iterator[TokenEvent]:
-        max_new = min(params.max_new_tokens, self.context_window - len(prompt_ids))
+             cancel: threading.Event | None, chunk: int) -> Iterator[TokenEvent]:
         stats = GenerationStats(prompt_tokens=len(prompt_ids), cached_tokens=0,
                                 computed_tokens=len(prompt_ids), output_token_ids=[],
                                 finish_reason="length", prefill_ms=0.0, first_token_t=None,
                                 last_token_t=None, params=params)
         detok = IncrementalDetokenizer(self.tokenizer.decode)
-        eos = set(self.eos_token_ids)
-        rng = self._rng(params)
-        with self._lock:
-            try:
-                stats.start_t = time.perf_counter()
+        seq = self._sequence(prompt_ids, len(prefix), params, cancel, chunk)
+        submitted = ended = False
+        try:
+            stats.start_t = time.perf_counter()
+            if cancel is not None and cancel.is_set():
+                stats.finish_reason = "cancelled"
+                return
+            self.engine.submit(seq)
+            submitted = True
+            index = 0
+            while True:
+                try:
+                    msg = seq.out.get(timeout=0.05)
+                except queue.Empty:
+                    if cancel is not None and cancel.is_set():
+                        stats.finish_reason = "cancelled"
+                        return
+                    continue
+                if msg[0] == "meta":
+                    stats.start_t = msg[1]["start_t"]
+                    stats.cached_tokens = msg[1]["cached_tokens"]
+                    stats.computed_tokens = len(prompt_ids) - stats.cached_tokens
+                    continue
+                if msg[0] == "end":
+                    ended = True
+                    _, reason, exc = msg
+                    if exc is not None:
+                        stats.finish_reason = "error"
+                        if isinstance(exc, RagBudgetError):
+                            stats.error = str(exc)
+                            raise exc
+                        stats.error = f"{type(exc).__name__}: {exc}"
+                        raise BackendError(f"local generation failed: {exc}") from exc
+                    stats.finish_reason = reason
+                    if reason == "stop" and stats.first_token_t is None and stats.start_t is not None:
+                        stats.prefill_ms = (time.perf_counter() - stats.start_t) * 1000.0
+                    return
+                _, tok, t = msg
+                if stats.first_token_t is None:
+                    stats.first_token_t = t
+                    stats.prefill_ms = (t - (stats.start_t or t)) * 1000.0
+                stats.output_token_ids.append(tok)
+                text = detok.add(tok)
+                if text and stats.first_text_t is None:
+                    stats.first_text_t = t
+                stats.last_token_t = t
+                yield TokenEvent(index, tok, text, t)
+                index += 1
                 if cancel is not None and cancel.is_set():
                     stats.finish_reason = "cancelled"
                     return
-                entry: PrefixEntry | None = None
-                if prefix:
-                    entry, hit = self.prefix_cache.get_or_compute(prefix, self._compute_prefix)
-                    if hit:
-                        stats.cached_tokens = len(prefix)
-                        stats.computed_tokens = len(prompt_ids) - len(prefix)
-                kv, logits = self._prefill_after(entry, prompt_ids[len(prefix):])
-                tok = self._select(logits, params, rng)
-                t = time.perf_counter()
-                stats.prefill_ms = (t - stats.start_t) * 1000.0
-                for index in range(max_new):
-                    if tok in eos:
-                        stats.finish_reason = "stop"
-                        break
-                    stats.output_token_ids.append(tok)
-                    text = detok.add(tok)
-                    if stats.first_token_t is None:
-                        stats.first_token_t = t
-                    if text and stats.first_text_t is None:
-                        stats.first_text_t = t
-                    stats.last_token_t = t
-                    yield TokenEvent(index, tok, text, t)
-                    if cancel is not None and cancel.is_set():
-                        stats.finish_reason = "cancelled"
-                        break
-                    if index + 1 == max_new:
-                        break
-                    tok = self._select(self._forward([tok], kv), params, rng)
-                    t = time.perf_counter()
-            except GeneratorExit:
-                stats.finish_reason = "cancelled"
-                raise
-            except RagBudgetError as exc:
-                stats.finish_reason, stats.error = "error", str(exc)
-                raise
-            except Exception as exc:
-                stats.finish_reason, stats.error = "error", f"{type(exc).__name__}: {exc}"
-                raise BackendError(f"local generation failed: {exc}") from exc
-            finally:
-                self.last_stats = stats
+        except GeneratorExit:
+            stats.finish_reason = "cancelled"
+            raise
+        finally:
+            if submitted and not ended:
+                # Leave the engine now and wait (at most a step) until it has dropped this
+                # answer, so a closed stream no longer holds any of the model's time.
+                seq.closed = True
+                self.engine.wake()
+                deadline = time.perf_counter() + 60.0
+                while time.perf_counter() < deadline:
+                    try:
+                        if seq.out.get(timeout=0.05)[0] == "end":
+                            break
+                    except queue.Empty:
+                        continue
+            self.last_stats = stats
 
-    # --- model steps (shared by stream() and the calibration timers) ----------------
-    def _forward(self, ids: list[int], kv: Any) -> Any:
-        """Run ``ids`` through the model, extending ``kv`` in place; next-token logits ``(vocab,)``."""
-        import torch
-
-        with torch.inference_mode():
-            x = torch.tensor([ids], dtype=torch.long, device=self.device)
-            out = self.model(input_ids=x, cache=kv, use_cache=True, logits_to_keep=1)
-            return out.logits[0, -1]
-
-    def _new_kv(self) -> Any:
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.config)
-
-    def _compute_prefix(self, prefix_ids: list[int]) -> tuple[Any, Any]:
-        kv = self._new_kv()
-        logits = self._forward(list(prefix_ids), kv)
-        return kv, logits
-
-    def _detached_entry(self, prefix_ids: list[int]) -> PrefixEntry:
-        kv, logits = self._compute_prefix(prefix_ids)
-        return PrefixEntry(self.prefix_cache.key(prefix_ids), tuple(prefix_ids), kv, logits, 0.0)
-
-    def _prefill_after(self, entry: PrefixEntry | None, rest_ids: list[int]) -> tuple[Any, Any]:
-        """Copy ``entry``'s KV (or start empty) and prefill ``rest_ids``; ``(kv, logits)``."""
+    # --- prefix cache glue ------------------------------------------------------------
+    def _prefix_lookup(self, prefix_ids: list[int]) -> tuple[Any, Any] | None:
+        entry = self.prefix_cache.get(prefix_ids)
         if entry is None:
-            kv = self._new_kv()
-            return kv, self._forward(rest_ids, kv)
-        kv = PrefixKVCache.copy_kv(entry)
-        if not rest_ids:
-            return kv, entry.last_logits
-        return kv, self._forward(rest_ids, kv)
+            return None
+        entry.hits += 1
+        return entry.kv, entry.last_logits
+
+    def _prefix_store(self, prefix_ids: list[int], kv: Any, last_logits: Any) -> None:
+        self.prefix_cache.put(prefix_ids, kv, last_logits, 0.0)
 
     def _select(self, logits: Any, params: GenParams, rng: Any) -> int:
         """Greedy argmax, or temperature + top-p (nucleus) sampling with a seeded generator."""

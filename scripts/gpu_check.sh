@@ -130,10 +130,10 @@ $RB replay \"\$rid\" --regenerate --json > $OUT/replay.json
 $PY -c \"import json, sys; d = json.load(open('$OUT/replay.json')); print({c['name']: c['status'] for c in d['checks']}); sys.exit(0 if d['ok'] else 1)\"
 "
 
-step batch 60 "
+step batch 120 "
 tests=\$(grep -rl 'batch_invariance\\|batch-invariance\\|batch invariance' tests 2>/dev/null | grep '\\.py\$' || true)
 if [ -z \"\$tests\" ]; then echo 'SKIP: no batch-invariance test in this repository (the batching issue has not landed)'; exit 0; fi
-RAGBUDGET_REQUIRE_POSTGRES=0 $PY -m pytest -q -x -k 'batch_invariance or batch_invariant' \$tests
+RAGBUDGET_REQUIRE_POSTGRES=0 RAGBUDGET_INVARIANCE_DEVICE=$DEVICE $PY -m pytest -q -x -k 'batch_invariance or batch_invariant' \$tests
 "
 
 step vllm 300 "

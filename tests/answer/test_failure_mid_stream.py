@@ -1,8 +1,8 @@
 """A failure after the stream started ends it with an error event and the terminator, never a silent cut.
 
-The fault is injected inside the real decode loop: the model's forward pass
-raises on its fourth call (prefill, two decode steps, then the failure), so three
-tokens reach the client before the backend fails.
+The fault is injected inside the real engine: its forward pass raises on the
+third decode step (prefill, two decode steps, then the failure), so three tokens
+reach the client before the backend fails.
 """
 
 from __future__ import annotations
@@ -22,19 +22,24 @@ GOOD_FORWARDS = 3
 
 @pytest.fixture
 def failing_model(answer_services: Any, live_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The shared generator's forward pass fails after ``GOOD_FORWARDS`` calls (restored afterwards)."""
+    """The engine's forward fails on the answer's third decode step (restored afterwards).
+
+    Prefill runs in chunks (several forwards) and gives the first token; two decode
+    steps give two more; the next forward raises: ``GOOD_FORWARDS`` tokens in all.
+    """
     wait_idle(live_server.pipeline)
-    gen = answer_services.generator
-    real = gen._forward
+    engine = answer_services.generator.engine
+    real = engine._forward
     calls = {"n": 0}
 
-    def forward(ids: list[int], kv: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] > GOOD_FORWARDS:
-            raise RuntimeError("simulated device fault")
-        return real(ids, kv)
+    def forward(ids: list[int], positions: list[int], keep: list[int], ctx: Any) -> Any:
+        if all(seg.n == 1 for seg in ctx.segments):  # a decode-only step
+            calls["n"] += 1
+            if calls["n"] >= GOOD_FORWARDS:
+                raise RuntimeError("simulated device fault")
+        return real(ids, positions, keep, ctx)
 
-    monkeypatch.setattr(gen, "_forward", forward)
+    monkeypatch.setattr(engine, "_forward", forward)
     return calls
 
 

@@ -36,12 +36,30 @@ def test_local_generator_satisfies_the_protocol(g: Any) -> None:
     assert g.eos_token_ids == [2] and g.context_window == 8192
 
 
+def _first_logits(g: Any, ids: list[int], prefix_len: int) -> Any:
+    """Next-token logits after ``ids`` through the engine (prefix from the cache when held)."""
+    seen: list[Any] = []
+    seq = g._sequence(list(ids), prefix_len, GenParams(max_new_tokens=1))
+    seq.select = lambda logits: seen.append(logits.clone()) or 0
+    with g._lock:
+        g.engine.run_alone(seq)
+    return seen[-1]
+
+
 def test_next_token_logits_after_a_cached_prefix_equal_a_full_prefill(g: Any, prompt: Any) -> None:
-    _kv, full = g._prefill_after(None, prompt.ids)
-    entry = g._detached_entry(prompt.scaffold_ids)
-    _kv2, cached = g._prefill_after(entry, prompt.ids[prompt.scaffold_len:])
+    full = _first_logits(g, prompt.ids, 0)
+    g.warm_prefix(prompt.scaffold_ids)
+    cached = _first_logits(g, prompt.ids, prompt.scaffold_len)
     assert int(torch.argmax(full)) == int(torch.argmax(cached))
     assert torch.allclose(full, cached, atol=1e-3, rtol=0)
+
+
+def test_a_cache_hit_and_a_miss_compute_the_same_bits(g: Any, prompt: Any) -> None:
+    g.prefix_cache.clear()
+    miss = _first_logits(g, prompt.ids, prompt.scaffold_len)
+    assert g.prefix_cached(prompt.scaffold_ids)
+    hit = _first_logits(g, prompt.ids, prompt.scaffold_len)
+    assert torch.equal(miss, hit)
 
 
 def test_greedy_answer_is_identical_with_and_without_the_prefix_cache(g: Any, prompt: Any) -> None:
@@ -59,10 +77,13 @@ def test_greedy_answer_is_identical_with_and_without_the_prefix_cache(g: Any, pr
 def test_requests_never_mutate_the_stored_prefix(g: Any, prompt: Any) -> None:
     g.warm_prefix(prompt.scaffold_ids)
     entry = g.prefix_cache.get(prompt.scaffold_ids)
-    before = entry.kv.get_seq_length()
+    before = {layer: (k.clone(), v.clone()) for layer, (k, v) in entry.kv.items()}
     list(g.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids, params=GenParams(max_new_tokens=3)))
     assert g.prefix_cached(prompt.scaffold_ids)
-    assert entry.kv.get_seq_length() == before == prompt.scaffold_len
+    assert len(before) == g.config.num_hidden_layers
+    for layer, (k, v) in before.items():
+        assert k.shape[0] == prompt.scaffold_len
+        assert torch.equal(entry.kv[layer][0], k) and torch.equal(entry.kv[layer][1], v)
 
 
 def test_a_cold_scaffold_is_stored_but_not_counted_as_cached(g: Any, prompt: Any) -> None:

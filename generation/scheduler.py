@@ -1,0 +1,412 @@
+"""Continuous batching for the local generator, batch-invariant on CPU.
+
+Each engine step runs ONE forward pass over a packed row of tokens: the next
+decode token of every running answer plus prefill chunks of answers still
+reading their prompt, up to ``step_token_budget`` tokens (at least one chunk per
+step, so a prefill always advances). Answers join at the next step after they
+arrive (up to ``max_running`` at once) and leave the moment they finish or are
+cancelled. This is the scheme of Orca / vLLM / Sarathi-Serve (chunked prefill
+riding along with decode steps).
+
+Batch invariance (an answer's tokens do not depend on its batch mates, its row
+in the step, or when it arrived), established as follows:
+
+* Linear layers, norms, embeddings and the LM head work row by row, but a GEMM's
+  kernel (and so a row's bits) can depend on the row count M. On CPU torch (MKL
+  sgemm, AVX2) a row's result was measured bit-identical across M and row
+  offsets for M >= 4 with 1 thread, and for M in {4, 8} and M >= 12 with 2
+  threads; so on CPU every step and every LM-head call is padded to
+  :func:`padded_rows` (a multiple of :data:`ROW_MULTIPLE`, at least
+  :data:`MIN_ROWS`). On CUDA (cuBLAS picks kernels, split-K included, by shape)
+  every step is padded to one fixed row count instead.
+* Attention is computed per answer, over that answer's own KV buffer, with shapes
+  that depend only on the answer itself (its chunk length and position).
+* Prefill chunk boundaries are a pure function of the prompt: the scaffold
+  prefix ``[0, P)`` in chunks of ``prefill_chunk`` from 0, the rest ``[P, N)``
+  in chunks of ``prefill_chunk`` from ``P``; a cached scaffold is exactly the KV
+  those chunks produce, so a cache hit and a miss compute the same bits.
+  ``prefill_chunk`` is recorded in the generator identity (receipts).
+
+The attention runs inside the transformers model through a registered
+attention function (``transformers.AttentionInterface``), so any decoder whose
+attention modules call the attention interface with ``layer_idx`` works; the
+packing state travels as the ``ragbudget_step`` keyword argument.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+#: On CPU a step (and the LM head) is padded to at least MIN_ROWS rows, in multiples of
+#: ROW_MULTIPLE: below that MKL sgemm takes other kernels and a row's bits change with the
+#: row count (measured, docs/receipts.md).
+MIN_ROWS = 16
+ROW_MULTIPLE = 8
+
+
+def padded_rows(n: int, fixed: int | None = None) -> int:
+    """Rows a step of ``n`` real rows runs with: ``fixed`` when given (and ``>= n``), else
+    ``n`` rounded up to a multiple of :data:`ROW_MULTIPLE`, at least :data:`MIN_ROWS`."""
+    if fixed is not None and fixed >= n:
+        return fixed
+    return max(MIN_ROWS, -(-n // ROW_MULTIPLE) * ROW_MULTIPLE)
+
+ATTN_NAME = "ragbudget_packed"
+
+
+class SeqKV:
+    """One answer's KV: per layer a ``(capacity, kv_heads, head_dim)`` buffer for K and V.
+
+    Laid out token-major so a prefix view ``buf[:L]`` has strides independent of the capacity.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.k: dict[int, Any] = {}
+        self.v: dict[int, Any] = {}
+
+    def buffers(self, layer: int, like: Any) -> tuple[Any, Any]:
+        """The layer's (K, V) buffers, allocated on first use like ``like`` (``(1, H, T, D)``)."""
+        kb = self.k.get(layer)
+        if kb is None:
+            import torch
+
+            shape = (self.capacity, int(like.shape[1]), int(like.shape[3]))
+            kb = torch.zeros(shape, dtype=like.dtype, device=like.device)
+            self.k[layer] = kb
+            self.v[layer] = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        return kb, self.v[layer]
+
+    def load_prefix(self, prefix: dict[int, tuple[Any, Any]]) -> None:
+        """Copy a stored prefix (layer -> (K, V) of shape ``(P, H, D)``) into the buffers."""
+        import torch
+
+        for layer, (k, v) in prefix.items():
+            kb = torch.zeros((self.capacity, *k.shape[1:]), dtype=k.dtype, device=k.device)
+            vb = torch.zeros_like(kb)
+            kb[: k.shape[0]].copy_(k)
+            vb[: v.shape[0]].copy_(v)
+            self.k[layer], self.v[layer] = kb, vb
+
+    def export_prefix(self, length: int) -> dict[int, tuple[Any, Any]]:
+        """Private copies of the first ``length`` tokens of every layer (for the prefix cache)."""
+        return {layer: (self.k[layer][:length].clone(), self.v[layer][:length].clone())
+                for layer in self.k}
+
+
+@dataclass
+class Segment:
+    """The rows ``[row, row + n)`` of a step belong to one answer at positions ``[pos, pos + n)``."""
+
+    kv: SeqKV
+    row: int
+    n: int
+    pos: int
+
+
+@dataclass
+class StepContext:
+    segments: list[Segment]
+
+
+def packed_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                     dropout: float = 0.0, scaling: float | None = None,
+                     **kwargs: Any) -> tuple[Any, None]:
+    """Attention function for ``transformers.AttentionInterface``: each segment over its own KV.
+
+    ``query`` is ``(1, heads, rows, head_dim)``, ``key``/``value`` ``(1, kv_heads, rows, head_dim)``
+    (RoPE applied); the new K/V are written into each answer's buffer at its positions and
+    the segment's queries attend to positions ``<= their own`` (within ``sliding_window`` when
+    the layer has one). Padding rows get zeros. Returns ``((1, rows, heads, head_dim), None)``.
+
+    Raises:
+        RuntimeError: called without a ``ragbudget_step`` context, or with logit soft-capping
+            (not implemented here).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    ctx: StepContext | None = kwargs.get("ragbudget_step")
+    if ctx is None:
+        raise RuntimeError("packed attention needs the ragbudget_step context")
+    if kwargs.get("softcap") is not None:
+        raise RuntimeError("attention logit soft-capping is not supported by the packed engine")
+    window = kwargs.get("sliding_window")
+    layer = int(module.layer_idx)
+    rows, heads = int(query.shape[2]), int(query.shape[1])
+    out = query.new_zeros((1, rows, heads, int(value.shape[3])))
+    for seg in ctx.segments:
+        s, n, p0 = seg.row, seg.n, seg.pos
+        kb, vb = seg.kv.buffers(layer, key)
+        kb[p0:p0 + n] = key[0, :, s:s + n].transpose(0, 1)
+        vb[p0:p0 + n] = value[0, :, s:s + n].transpose(0, 1)
+        length = p0 + n
+        k = kb[:length].transpose(0, 1).unsqueeze(0)
+        v = vb[:length].transpose(0, 1).unsqueeze(0)
+        q = query[:, :, s:s + n].contiguous()
+        mask = None
+        if n > 1 or window:
+            qpos = torch.arange(p0, p0 + n, device=query.device).unsqueeze(1)
+            kpos = torch.arange(0, length, device=query.device).unsqueeze(0)
+            mask = kpos <= qpos
+            if window:
+                mask = mask & (kpos > qpos - int(window))
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling,
+                                           enable_gqa=heads != int(k.shape[1]))
+        out[0, s:s + n] = o[0].transpose(0, 1)
+    return out, None
+
+
+def register_packed_attention() -> None:
+    """Register :func:`packed_attention` with transformers under :data:`ATTN_NAME` (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, packed_attention)
+
+
+# --- answers and the engine -------------------------------------------------------------
+
+@dataclass
+class Sequence:
+    """One answer inside the engine.
+
+    ``prompt[:prefix_len]`` is the scaffold: looked up in (and, on a miss, added to) the
+    prefix cache. Events go to ``out`` as ``("token", token_id, t)``, ``("meta", dict)``
+    and a final ``("end", finish_reason, exception_or_None)``.
+    """
+
+    prompt: list[int]
+    prefix_len: int
+    max_new: int
+    chunk: int
+    select: Callable[[Any], int]
+    eos: frozenset[int]
+    cancel: threading.Event | None = None
+    out: queue.SimpleQueue[tuple[Any, ...]] = field(default_factory=queue.SimpleQueue)
+    kv: SeqKV | None = None
+    pos: int = 0
+    next_tok: int | None = None
+    produced: int = 0
+    done: bool = False
+    closed: bool = False  # the consumer is gone
+    cached_tokens: int = 0
+    admitted_t: float | None = None
+    first_logits: Any = None  # set when a prefix-only prompt takes the cache's logits
+
+    def in_prefill(self) -> bool:
+        return self.pos < len(self.prompt)
+
+    def next_chunk(self) -> tuple[int, int]:
+        """``[start, end)`` of the next prefill chunk: a pure function of prompt, prefix, chunk."""
+        start = self.pos
+        limit = self.prefix_len if start < self.prefix_len else len(self.prompt)
+        return start, min(limit, start + self.chunk)
+
+
+class Engine:
+    """The step loop: admits, packs, runs one forward per step, routes tokens.
+
+    Args:
+        model: a transformers causal LM whose attention implementation is :data:`ATTN_NAME`.
+        device: torch device string.
+        lock: the model lock (held for each step; calibration timers hold it too).
+        prefix_lookup: ``prefix_ids -> (kv dict, last_logits) | None``.
+        prefix_store: ``(prefix_ids, kv dict, last_logits) -> None``.
+        max_running: answers in the running batch at most.
+        step_token_budget: tokens per step at most (decode tokens + prefill chunks), except
+            that one prefill chunk always fits.
+        fixed_rows: pad every step and LM-head call to exactly this many rows (CUDA);
+            None pads by :func:`padded_rows` (CPU).
+    """
+
+    def __init__(self, model: Any, device: str, lock: threading.Lock,
+                 prefix_lookup: Callable[[list[int]], tuple[Any, Any] | None],
+                 prefix_store: Callable[[list[int], Any, Any], None],
+                 max_running: int, step_token_budget: int, fixed_rows: int | None = None) -> None:
+        self.model, self.device, self.lock = model, device, lock
+        self.prefix_lookup, self.prefix_store = prefix_lookup, prefix_store
+        self.max_running, self.step_token_budget = max_running, step_token_budget
+        self.fixed_rows = fixed_rows
+        self._cond = threading.Condition()
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []
+        self._thread: threading.Thread | None = None
+        self.steps = 0
+        self.peak_rows_answers = 0  # most answers seen in one step (tests, metrics)
+
+    # --- public ------------------------------------------------------------------------
+    def submit(self, seq: Sequence) -> None:
+        """Queue ``seq``; it joins the running batch at the next step with room."""
+        with self._cond:
+            self._waiting.append(seq)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="ragbudget-engine", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def running_count(self) -> int:
+        with self._cond:
+            return len(self._running)
+
+    def run_alone(self, seq: Sequence, *, decode_steps: int = 0) -> None:
+        """Drive ``seq`` synchronously (caller holds the model lock) until its first token, plus
+        ``decode_steps`` decode steps: the calibration timers and prefix warming use this."""
+        self._admit(seq)
+        while not seq.done and (seq.in_prefill() or seq.next_tok is None):
+            self._step([seq])
+        for _ in range(decode_steps):
+            if seq.done:
+                break
+            self._step([seq])
+
+    # --- the loop ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._running:
+                    if not self._cond.wait(timeout=30.0) and not self._waiting and not self._running:
+                        self._thread = None
+                        return
+                for seq in [s for s in self._waiting if self._gone(s)]:  # left while waiting
+                    self._waiting.remove(seq)
+                    self._finish(seq, "cancelled")
+                while self._waiting and len(self._running) < self.max_running:
+                    self._running.append(self._waiting.popleft())
+                batch = list(self._running)
+            try:
+                for seq in batch:
+                    if seq.admitted_t is None and not self._gone(seq):
+                        self._admit(seq)
+                live = [s for s in batch if not self._gone(s) and not s.done]
+                if live:
+                    with self.lock:
+                        self._step(live)
+            except Exception as exc:  # the model failed: every answer in the step ends with it
+                for seq in batch:
+                    if not seq.done:
+                        self._finish(seq, "error", exc)
+            with self._cond:
+                for seq in batch:
+                    if self._gone(seq) and not seq.done:
+                        self._finish(seq, "cancelled")
+                self._running = [s for s in self._running if not s.done]
+
+    @staticmethod
+    def _gone(seq: Sequence) -> bool:
+        return seq.closed or (seq.cancel is not None and seq.cancel.is_set())
+
+    def _finish(self, seq: Sequence, reason: str, exc: BaseException | None = None) -> None:
+        seq.done = True
+        seq.kv = None
+        seq.out.put(("end", reason, exc))
+
+    def _admit(self, seq: Sequence) -> None:
+        seq.admitted_t = time.perf_counter()
+        seq.kv = SeqKV(len(seq.prompt) + seq.max_new + 1)
+        if seq.prefix_len:
+            hit = self.prefix_lookup(seq.prompt[:seq.prefix_len])
+            if hit is not None:
+                kv, logits = hit
+                seq.kv.load_prefix(kv)
+                seq.pos = seq.prefix_len
+                seq.cached_tokens = seq.prefix_len
+                if seq.pos == len(seq.prompt):
+                    seq.first_logits = logits
+        seq.out.put(("meta", {"start_t": seq.admitted_t, "cached_tokens": seq.cached_tokens}))
+
+    def _plan(self, live: list[Sequence]) -> list[tuple[Sequence, list[int], int, bool]]:
+        """Items ``(seq, token ids, start position, needs logits)`` for one step."""
+        items: list[tuple[Sequence, list[int], int, bool]] = []
+        for seq in live:
+            if not seq.in_prefill() and seq.next_tok is not None:
+                items.append((seq, [seq.next_tok], seq.pos, True))
+        used = len(items)
+        took_chunk = False
+        for seq in live:
+            if not seq.in_prefill():
+                continue
+            start, end = seq.next_chunk()
+            if took_chunk and used + (end - start) > self.step_token_budget:
+                continue
+            needs = end == len(seq.prompt) or end == seq.prefix_len
+            items.append((seq, seq.prompt[start:end], start, needs))
+            used += end - start
+            took_chunk = True
+        return items
+
+    def _step(self, live: list[Sequence]) -> None:
+
+        for seq in live:  # a prompt that is exactly a cached prefix: first token from its logits
+            if seq.first_logits is not None:
+                logits, seq.first_logits = seq.first_logits, None
+                self._emit(seq, seq.select(logits), time.perf_counter())
+        live = [s for s in live if not s.done]
+        items = self._plan(live)
+        if not items:
+            return
+        ids: list[int] = []
+        positions: list[int] = []
+        segments: list[Segment] = []
+        logit_rows: list[int] = []
+        for seq, toks, start, needs in items:
+            assert seq.kv is not None
+            segments.append(Segment(seq.kv, len(ids), len(toks), start))
+            ids.extend(toks)
+            positions.extend(range(start, start + len(toks)))
+            if needs:
+                logit_rows.append(len(ids) - 1)
+        pad = padded_rows(len(ids), self.fixed_rows) - len(ids)
+        ids.extend([0] * pad)
+        positions.extend([0] * pad)
+        keep = logit_rows + [logit_rows[0] if logit_rows else 0] * (
+            padded_rows(len(logit_rows), self.fixed_rows) - len(logit_rows))
+        logits = self._forward(ids, positions, keep, StepContext(segments))
+        self.steps += 1
+        self.peak_rows_answers = max(self.peak_rows_answers, len(items))
+        row = 0
+        for seq, toks, start, needs in items:
+            seq.pos = start + len(toks)
+            if not needs:
+                continue
+            lg = logits[row]
+            row += 1
+            if seq.pos == seq.prefix_len and seq.cached_tokens == 0 and seq.prefix_len:
+                assert seq.kv is not None
+                self.prefix_store(seq.prompt[:seq.prefix_len], seq.kv.export_prefix(seq.prefix_len),
+                                  lg.clone())
+            if seq.in_prefill():
+                continue
+            self._emit(seq, seq.select(lg), time.perf_counter())
+
+    def _forward(self, ids: list[int], positions: list[int], keep: list[int],
+                 ctx: StepContext) -> Any:
+        """One model forward over the packed rows; logits of the ``keep`` rows, ``(len(keep), vocab)``."""
+        import torch
+
+        with torch.inference_mode():
+            x = torch.tensor([ids], dtype=torch.long, device=self.device)
+            pos = torch.tensor([positions], dtype=torch.long, device=self.device)
+            out = self.model(input_ids=x, position_ids=pos, use_cache=False,
+                             logits_to_keep=torch.tensor(keep, device=self.device),
+                             ragbudget_step=ctx)
+            return out.logits[0]
+
+    def _emit(self, seq: Sequence, tok: int, t: float) -> None:
+        if tok in seq.eos:
+            self._finish(seq, "stop")
+            return
+        seq.out.put(("token", tok, t))
+        seq.produced += 1
+        seq.next_tok = tok
+        if seq.produced >= seq.max_new:
+            self._finish(seq, "length")
