@@ -1,8 +1,10 @@
-"""One generation at a time per local model, behind a bounded FIFO queue.
+"""Up to ``slots`` generations at a time per model, behind a bounded FIFO queue.
 
-A request waits in arrival order for the model; when ``queue_max`` requests
-are already waiting, a new one is refused at once with :class:`Busy` (HTTP
-429 with Retry-After). A waiting request whose client goes away (``cancel``
+``slots`` is 1 for a backend that runs one answer at a time, and the local
+engine's ``max_running`` when it batches answers (``generation.scheduler``).
+A request waits in arrival order for a slot; when all slots are taken and
+``queue_max`` requests are already waiting, a new one is refused at once with
+:class:`Busy` (HTTP 429 with Retry-After). A waiting request whose client goes away (``cancel``
 set) leaves the queue and frees its place.
 
 Each place may carry a :class:`Ticket`, the request's predicted cost on the
@@ -11,7 +13,9 @@ profile); the running answer updates its ticket as tokens come. From these,
 :meth:`GenerationQueue.predicted_wait_ms` says how long a request arriving now
 would wait: the running answer's remaining decode steps x TPOT plus the
 prefills and ``max_new_tokens`` x TPOT of everyone already waiting (an upper
-estimate: an answer may stop before ``max_new_tokens``).
+estimate: an answer may stop before ``max_new_tokens``), divided by ``slots``
+when several run at once (a rough share: the batched step cost is not modelled
+yet), and 0 while a slot is free.
 """
 
 from __future__ import annotations
@@ -58,20 +62,33 @@ class Ticket:
 
 
 class GenerationQueue:
-    """A FIFO mutex with a bounded waiting line.
+    """A FIFO semaphore of ``slots`` places with a bounded waiting line.
 
     Args:
-        queue_max: how many requests may wait while one runs (0: none may wait).
+        queue_max: how many requests may wait while all slots run (0: none may wait).
         retry_after_s: the Retry-After hint given with :class:`Busy`.
+        slots: generations running at once (>= 1).
+
+    Raises:
+        ValueError: ``slots < 1``.
     """
 
-    def __init__(self, queue_max: int, retry_after_s: float = 2.0) -> None:
+    def __init__(self, queue_max: int, retry_after_s: float = 2.0, slots: int = 1) -> None:
+        if slots < 1:
+            raise ValueError("slots must be >= 1")
         self.queue_max = queue_max
         self.retry_after_s = retry_after_s
+        self.slots = slots
         self._cond = threading.Condition()
         self._waiting: deque[object] = deque()
-        self._running = False
-        self._running_ticket: Ticket | None = None
+        self._running_places: list[object] = []
+
+    @property
+    def _running(self) -> bool:
+        return bool(self._running_places)
+
+    def _full(self) -> bool:
+        return len(self._running_places) >= self.slots
 
     @property
     def depth(self) -> int:
@@ -81,7 +98,7 @@ class GenerationQueue:
 
     @property
     def busy(self) -> bool:
-        """True while a generation holds the model."""
+        """True while at least one generation runs."""
         with self._cond:
             return self._running
 
@@ -91,18 +108,20 @@ class GenerationQueue:
         Places without a :class:`Ticket` count 0 (their cost is unknown).
         """
         with self._cond:
-            ahead: list[object] = [self._running_ticket] if self._running else []
-            ahead += list(self._waiting)
-        return float(sum(t.remaining_ms() for t in ahead if isinstance(t, Ticket)))
+            if not self._full() and not self._waiting:
+                return 0.0
+            ahead: list[object] = list(self._running_places) + list(self._waiting)
+        return float(sum(t.remaining_ms() for t in ahead if isinstance(t, Ticket))) / self.slots
 
     def min_wait_ms(self) -> float:
         """A lower bound of that wait, ms: the prefills still ahead, as if every answer ahead
         stopped at its first token. What a fast refusal is decided on, so that a request the
         model could have served in time is not refused on a pessimistic guess."""
         with self._cond:
-            ahead: list[object] = [self._running_ticket] if self._running else []
-            ahead += list(self._waiting)
-        return float(sum(t.min_remaining_ms() for t in ahead if isinstance(t, Ticket)))
+            if not self._full() and not self._waiting:
+                return 0.0
+            ahead: list[object] = list(self._running_places) + list(self._waiting)
+        return float(sum(t.min_remaining_ms() for t in ahead if isinstance(t, Ticket))) / self.slots
 
     @contextmanager
     def slot(self, cancel: threading.Event | None = None,
@@ -119,12 +138,12 @@ class GenerationQueue:
         t0 = time.perf_counter()
         token: object = ticket if ticket is not None else object()
         with self._cond:
-            if self._running and len(self._waiting) >= self.queue_max:
+            if self._full() and len(self._waiting) >= self.queue_max:
                 raise Busy(f"generation queue is full ({self.queue_max} waiting)",
                            retry_after_s=self.retry_after_s, queue_max=self.queue_max)
             self._waiting.append(token)
             try:
-                while self._running or self._waiting[0] is not token:
+                while self._full() or self._waiting[0] is not token:
                     if cancel is not None and cancel.is_set():
                         raise Cancelled()
                     self._cond.wait(timeout=0.05)
@@ -133,12 +152,10 @@ class GenerationQueue:
                 self._cond.notify_all()
                 raise
             self._waiting.popleft()
-            self._running = True
-            self._running_ticket = ticket
+            self._running_places.append(token)
         try:
             yield (time.perf_counter() - t0) * 1000.0
         finally:
             with self._cond:
-                self._running = False
-                self._running_ticket = None
+                self._running_places.remove(token)
                 self._cond.notify_all()

@@ -190,7 +190,10 @@ class AnswerPipeline:
     def __init__(self, services: Services, metrics: AnswerMetrics | None = None) -> None:
         self.services = services
         self.settings = services.settings
-        self.queue = GenerationQueue(self.settings.queue_max)
+        # The local engine batches up to generator_max_running answers (generation.scheduler);
+        # a remote backend keeps one at a time here.
+        slots = self.settings.generator_max_running if self.settings.generator_backend == "local" else 1
+        self.queue = GenerationQueue(self.settings.queue_max, slots=slots)
         self.metrics = metrics or AnswerMetrics()
         # Switches for an A/B in one process (benchmarks/load.py); default from the settings.
         self.late_binding = bool(self.settings.late_binding)

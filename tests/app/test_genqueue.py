@@ -116,3 +116,40 @@ def test_predicted_and_least_wait_count_the_running_and_waiting_tickets():
     t0.join(5)
     t1.join(5)
     assert q.predicted_wait_ms() == 0.0
+
+
+def test_several_slots_run_together_and_the_next_waits_in_order():
+    q = GenerationQueue(queue_max=2, slots=2)
+    gate = threading.Event()
+    inside: list[int] = []
+
+    def holder(i: int):
+        with q.slot():
+            inside.append(i)
+            gate.wait(5)
+
+    threads = [threading.Thread(target=holder, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    while len(inside) < 2:
+        time.sleep(0.001)
+    assert q.depth == 0 and q.predicted_wait_ms() >= 0
+    third = threading.Thread(target=holder, args=(2,))
+    third.start()
+    while q.depth < 1:
+        time.sleep(0.001)
+    assert inside == [0, 1] or inside == [1, 0]  # the third waits for a free slot
+    gate.set()
+    for t in [*threads, third]:
+        t.join(5)
+    assert sorted(inside) == [0, 1, 2] and q.depth == 0 and not q.busy
+
+
+def test_a_free_slot_means_no_predicted_wait():
+    from app.genqueue import Ticket
+
+    q = GenerationQueue(queue_max=1, slots=2)
+    with q.slot(ticket=Ticket(prefill_ms=100.0, tpot_ms=10.0, max_new_tokens=5)):
+        assert q.predicted_wait_ms() == 0.0 and q.min_wait_ms() == 0.0
+    with pytest.raises(ValueError):
+        GenerationQueue(queue_max=1, slots=0)
