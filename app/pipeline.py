@@ -190,10 +190,7 @@ class AnswerPipeline:
     def __init__(self, services: Services, metrics: AnswerMetrics | None = None) -> None:
         self.services = services
         self.settings = services.settings
-        # The local engine batches up to generator_max_running answers (generation.scheduler);
-        # a remote backend keeps one at a time here.
-        slots = self.settings.generator_max_running if self.settings.generator_backend == "local" else 1
-        self.queue = GenerationQueue(self.settings.queue_max, slots=slots)
+        self.queue = GenerationQueue(self.settings.queue_max)
         self.metrics = metrics or AnswerMetrics()
         # Switches for an A/B in one process (benchmarks/load.py); default from the settings.
         self.late_binding = bool(self.settings.late_binding)
@@ -438,6 +435,9 @@ class AnswerPipeline:
             self._check_reachable(prepared, prepared.timings_ms["overhead_ms"],
                                   self.queue.min_wait_ms(), "arrival")
         gen = self.services.generator
+        # A generator that batches answers (the local engine: generation.scheduler) says how
+        # many it runs at once; any other runs one at a time.
+        self.queue.slots = max(1, int(getattr(gen, "max_running", 1) or 1))
         # resolved(): a sampling request without a seed gets one drawn now, so it is recorded.
         params = GenParams(max_new_tokens=prepared.max_new_tokens, temperature=req.temperature,
                            top_p=req.top_p, seed=req.seed).resolved()

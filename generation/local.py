@@ -165,6 +165,11 @@ class LocalGenerator:
                              self._prefix_store, max_running, step_token_budget, fixed_rows)
 
     @property
+    def max_running(self) -> int:
+        """Answers the engine runs at once (the answer queue lets this many in)."""
+        return int(self.engine.max_running)
+
+    @property
     def last_stats(self) -> GenerationStats | None:
         """Stats of the latest stream this thread consumed (several answers run at once, so
         each consumer sees its own); from another thread, the latest finished anywhere."""

@@ -110,10 +110,13 @@ def _raw_answer_request(base_url: str, body: dict[str, Any]) -> Any:
     return sock
 
 
-def test_client_that_leaves_while_queued_frees_its_place(live_server, answer_services):
+def test_client_that_leaves_while_queued_frees_its_place(live_server, answer_services, monkeypatch):
     from receipts.chain import list_receipts
 
     wait_idle(live_server.pipeline)
+    # One slot: the running answer takes it, so the second request must queue (with the
+    # engine's default of several slots it would simply join the running batch).
+    monkeypatch.setattr(answer_services.generator.engine, "max_running", 1)
     q = live_server.pipeline.queue
     body = {"question": QUESTION, "ttft_budget_ms": BUDGET_MS, "max_new_tokens": MAX_NEW, "stream": True}
     with httpx.Client(timeout=120) as client, client.stream(
