@@ -103,6 +103,10 @@ class Settings(BaseSettings):
     # --- server and access -------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = 8000
+    shutdown_grace_s: int = Field(10, ge=0, le=3600, description="On SIGTERM/SIGINT the server "
+                                    "stops accepting, lets answers in flight finish for at most this "
+                                    "long, then cancels the rest (their receipts say cancelled) and exits "
+                                    "(RAGBUDGET_SHUTDOWN_GRACE_S; whole seconds, as uvicorn takes it).")
     auth_enabled: bool = True
     metrics_public: bool = True
     ui_session_idle_s: int = Field(1800, ge=60, le=7 * 86400, description="A console session ends "

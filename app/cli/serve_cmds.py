@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 from app.auth import active_key_count, create_key
 
@@ -36,7 +37,6 @@ def cmd_serve(args: argparse.Namespace, services) -> int:  # type: ignore[no-unt
     models, index and prefix cache before the first request unless ``--no-preload``.
     Returns 0 when the server stops.
     """
-    import uvicorn
 
     from app.api.app import create_app
 
@@ -52,5 +52,31 @@ def cmd_serve(args: argparse.Namespace, services) -> int:  # type: ignore[no-unt
     app = create_app(services=services)
     if not args.no_preload:
         app.state.pipeline.warm()  # load models, index and prefix cache before the first request
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    run_server(app, services.settings, host, port)
     return 0
+
+
+RECEIPT_WAIT_S = 0.75  # after the grace: how long cancelled answers get to write their receipts
+
+
+def run_server(app: Any, settings: Any, host: str, port: int) -> None:
+    """Serve ``app`` with uvicorn until SIGTERM/SIGINT, then shut down within a bound.
+
+    On the signal uvicorn stops accepting connections and waits for requests in flight;
+    after ``settings.shutdown_grace_s`` seconds it cancels those still running. A
+    cancelled streaming answer sets its cancel event (``app.api.streaming``), the
+    pipeline ends it and appends a receipt with status ``cancelled``; the process
+    exits once the generation threads have written those receipts (``asyncio.run``
+    joins its executor). Without the bound an orchestrator's kill timeout would turn
+    a long answer's shutdown into SIGKILL and lose its receipt.
+    """
+    import uvicorn
+
+    from app.api.streaming import finish_answers
+
+    uvicorn.run(app, host=host, port=port, log_level="info",
+                timeout_graceful_shutdown=int(settings.shutdown_grace_s))
+    left = finish_answers(RECEIPT_WAIT_S)
+    if left:
+        logging.getLogger(__name__).warning("%d answers did not end within %.2f s of shutdown; "
+                                            "their receipts may be missing", left, RECEIPT_WAIT_S)

@@ -1,0 +1,49 @@
+"""A real server process over fake models, for shutdown tests: ``python -m tests.api.fake_server
+ROOT PORT``. The generator streams a long reply slowly (``TOKEN_S`` per token), so answers are in
+flight when the test signals the process. Auth is off; the database is SQLite under ROOT unless
+``RAGBUDGET_DATABASE_URL`` says otherwise. Served through ``app.cli.serve_cmds.run_server``, the
+function ``ragbudget serve`` uses (``RAGBUDGET_SHUTDOWN_GRACE_S`` applies)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from app.api.app import create_app
+from app.cli.serve_cmds import run_server
+from latency_model.calibration import calibrate, quick_grid
+from tests.api.conftest import SENTINEL, api_settings, make_services
+from tests.api.fakes import CharTokenizer, EchoGenerator
+from tests.latency_model.conftest import FakeTimer
+
+TOKEN_S = 0.05
+
+
+class SlowGenerator(EchoGenerator):
+    """:class:`EchoGenerator` that sleeps ``TOKEN_S`` before each token."""
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        for event in super().stream(*args, **kwargs):
+            time.sleep(TOKEN_S)
+            yield event
+
+
+def main() -> None:
+    root, port = Path(sys.argv[1]), int(sys.argv[2])
+    settings = api_settings(root, auth_enabled=False)
+    profile = calibrate(FakeTimer(), grid=quick_grid(8192, [200]), seed=3, progress=False)
+    tokenizer = CharTokenizer()
+    services = make_services(settings, profile, SlowGenerator(tokenizer, reply="slow answer " * 100))
+    from fastapi.testclient import TestClient
+
+    app = create_app(services=services)
+    with TestClient(app) as client:
+        assert client.post("/v1/documents", json={"id": "pump.txt", "text": SENTINEL}).status_code == 201
+    run_server(create_app(services=services), settings, "127.0.0.1", port)
+
+
+if __name__ == "__main__":
+    main()
