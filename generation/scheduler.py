@@ -35,9 +35,11 @@ packing state travels as the ``ragbudget_step`` keyword argument.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -209,6 +211,12 @@ class Sequence:
         return start, min(limit, start + self.chunk)
 
 
+def _close_engine(ref: weakref.ReferenceType[Engine]) -> None:
+    engine = ref()
+    if engine is not None:
+        engine.close()
+
+
 class Engine:
     """The step loop: admits, packs, runs one forward per step, routes tokens.
 
@@ -239,6 +247,19 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.steps = 0
         self.peak_rows_answers = 0  # most answers seen in one step (tests, metrics)
+        self._stop = False
+        # Stop the step thread before the interpreter finalises: a thread still inside torch
+        # at exit aborts the process ("terminate called without an active exception").
+        atexit.register(_close_engine, weakref.ref(self))
+
+    def close(self) -> None:
+        """Stop the step thread once the answers in flight are done (waits up to 30 s)."""
+        with self._cond:
+            self._stop = True
+            thread = self._thread
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=30.0)
 
     # --- public ------------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
@@ -274,7 +295,8 @@ class Engine:
         while True:
             with self._cond:
                 while not self._waiting and not self._running:
-                    if not self._cond.wait(timeout=30.0) and not self._waiting and not self._running:
+                    if self._stop or (not self._cond.wait(timeout=30.0)
+                                      and not self._waiting and not self._running):
                         self._thread = None
                         return
                 for seq in [s for s in self._waiting if self._gone(s)]:  # left while waiting
