@@ -253,13 +253,14 @@ class Engine:
         atexit.register(_close_engine, weakref.ref(self))
 
     def close(self) -> None:
-        """Stop the step thread once the answers in flight are done (waits up to 30 s)."""
+        """Stop the step thread at the next step boundary; answers still running or waiting
+        end as cancelled. Waits up to 5 s for the thread."""
         with self._cond:
             self._stop = True
             thread = self._thread
             self._cond.notify_all()
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=30.0)
+            thread.join(timeout=5.0)
 
     # --- public ------------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
@@ -299,6 +300,14 @@ class Engine:
                                       and not self._waiting and not self._running):
                         self._thread = None
                         return
+                if self._stop:  # process exit: every answer still here ends as cancelled
+                    for seq in [*self._waiting, *self._running]:
+                        if not seq.done:
+                            self._finish(seq, "cancelled")
+                    self._waiting.clear()
+                    self._running = []
+                    self._thread = None
+                    return
                 for seq in [s for s in self._waiting if self._gone(s)]:  # left while waiting
                     self._waiting.remove(seq)
                     self._finish(seq, "cancelled")
