@@ -48,7 +48,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory, api_profile: Any) -> Iterat
     gate.set()
     gen = StepGenerator(CharTokenizer(), gate=gate)
     app = start_keyed_app(api_settings(tmp_path_factory.mktemp("load"), retrieval_candidates=6,
-                                       default_max_new_tokens=MAX_NEW, queue_max=4,
+                                       default_max_new_tokens=MAX_NEW, queue_max=4, generator_max_running=1,
                                        auth_enabled=False), api_profile, gen)
     with app.client:
         for doc_id, text in DOCS.items():
