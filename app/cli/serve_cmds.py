@@ -65,18 +65,41 @@ def run_server(app: Any, settings: Any, host: str, port: int) -> None:
     On the signal uvicorn stops accepting connections and waits for requests in flight;
     after ``settings.shutdown_grace_s`` seconds it cancels those still running. A
     cancelled streaming answer sets its cancel event (``app.api.streaming``), the
-    pipeline ends it and appends a receipt with status ``cancelled``; the process
-    exits once the generation threads have written those receipts (``asyncio.run``
-    joins its executor). Without the bound an orchestrator's kill timeout would turn
-    a long answer's shutdown into SIGKILL and lose its receipt.
+    pipeline ends it and appends a receipt with status ``cancelled``. Once uvicorn has
+    stopped, every answer still in a worker thread (running, or waiting for the model) is
+    cancelled and given up to ``RECEIPT_WAIT_S`` seconds to write its receipt
+    (:func:`app.api.streaming.finish_answers`); then a SIGTERM is raised again with its
+    default action, so the exit status says how the process ended. Without the bound an
+    orchestrator's kill timeout would turn a long answer's shutdown into SIGKILL and lose
+    its receipt.
     """
+    import signal
+    import threading
+
     import uvicorn
 
     from app.api.streaming import finish_answers
 
-    uvicorn.run(app, host=host, port=port, log_level="info",
-                timeout_graceful_shutdown=int(settings.shutdown_grace_s))
-    left = finish_answers(RECEIPT_WAIT_S)
-    if left:
-        logging.getLogger(__name__).warning("%d answers did not end within %.2f s of shutdown; "
-                                            "their receipts may be missing", left, RECEIPT_WAIT_S)
+    # uvicorn restores the handlers it found and raises the captured signal again once it has
+    # stopped (uvicorn.server.Server.capture_signals). With the default SIGTERM handler that
+    # kills the process right there, before the cancelled answers below write their receipts.
+    # So the handlers it finds are ours: they only record the signal, which is raised again
+    # with the default action once the receipts are written.
+    received: list[int] = []
+    handled = (signal.SIGINT, signal.SIGTERM)
+    main_thread = threading.current_thread() is threading.main_thread()  # signals: main thread only
+    previous = ({sig: signal.signal(sig, lambda sig, _frame: received.append(sig)) for sig in handled}
+                if main_thread else {})
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="info",
+                    timeout_graceful_shutdown=int(settings.shutdown_grace_s))
+        left = finish_answers(RECEIPT_WAIT_S)
+        if left:
+            logging.getLogger(__name__).warning("%d answers did not end within %.2f s of shutdown; "
+                                                "their receipts may be missing", left, RECEIPT_WAIT_S)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if signal.SIGTERM in received:  # exit as a process stopped by SIGTERM would (status 143 in a shell)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
