@@ -395,13 +395,13 @@ class LocalGenerator:
         import torch
 
         if params.greedy:
-            return int(torch.argmax(logits).item())
-        probs = torch.softmax(logits.float().cpu() / params.temperature, dim=-1)
+            return int(torch.argmax(logits).item())  # logits: (vocab,)
+        probs = torch.softmax(logits.float().cpu() / params.temperature, dim=-1)  # (vocab,)
         if params.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            keep = (torch.cumsum(sorted_p, dim=-1) - sorted_p) < params.top_p
+            sorted_p, order = torch.sort(probs, descending=True)  # (vocab,), (vocab,)
+            keep = (torch.cumsum(sorted_p, dim=-1) - sorted_p) < params.top_p  # (vocab,) bool
             sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
-            choice = torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=rng)
+            choice = torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=rng)  # (1,)
             return int(order[choice].item())
         return int(torch.multinomial(probs, 1, generator=rng).item())
 

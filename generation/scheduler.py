@@ -79,7 +79,7 @@ class SeqKV:
         if kb is None:
             import torch
 
-            shape = (self.capacity, int(like.shape[1]), int(like.shape[3]))
+            shape = (self.capacity, int(like.shape[1]), int(like.shape[3]))  # (T_max, kv_heads, head_dim)
             kb = torch.zeros(shape, dtype=like.dtype, device=like.device)
             self.k[layer] = kb
             self.v[layer] = torch.zeros(shape, dtype=like.dtype, device=like.device)
@@ -90,9 +90,10 @@ class SeqKV:
         import torch
 
         for layer, (k, v) in prefix.items():
+            # (T_max, kv_heads, head_dim)
             kb = torch.zeros((self.capacity, *k.shape[1:]), dtype=k.dtype, device=k.device)
             vb = torch.zeros_like(kb)
-            kb[: k.shape[0]].copy_(k)
+            kb[: k.shape[0]].copy_(k)  # (P, kv_heads, head_dim)
             vb[: v.shape[0]].copy_(v)
             self.k[layer], self.v[layer] = kb, vb
 
@@ -142,26 +143,26 @@ def packed_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
     window = kwargs.get("sliding_window")
     layer = int(module.layer_idx)
     rows, heads = int(query.shape[2]), int(query.shape[1])
-    out = query.new_zeros((1, rows, heads, int(value.shape[3])))
+    out = query.new_zeros((1, rows, heads, int(value.shape[3])))  # (1, rows, heads, head_dim)
     for seg in ctx.segments:
         s, n, p0 = seg.row, seg.n, seg.pos
         kb, vb = seg.kv.buffers(layer, key)
-        kb[p0:p0 + n] = key[0, :, s:s + n].transpose(0, 1)
-        vb[p0:p0 + n] = value[0, :, s:s + n].transpose(0, 1)
+        kb[p0:p0 + n] = key[0, :, s:s + n].transpose(0, 1)  # (n, kv_heads, head_dim)
+        vb[p0:p0 + n] = value[0, :, s:s + n].transpose(0, 1)  # (n, kv_heads, head_dim)
         length = p0 + n
-        k = kb[:length].transpose(0, 1).unsqueeze(0)
-        v = vb[:length].transpose(0, 1).unsqueeze(0)
-        q = query[:, :, s:s + n].contiguous()
+        k = kb[:length].transpose(0, 1).unsqueeze(0)  # (1, kv_heads, length, head_dim)
+        v = vb[:length].transpose(0, 1).unsqueeze(0)  # (1, kv_heads, length, head_dim)
+        q = query[:, :, s:s + n].contiguous()  # (1, heads, n, head_dim)
         mask = None
         if n > 1 or window:
-            qpos = torch.arange(p0, p0 + n, device=query.device).unsqueeze(1)
-            kpos = torch.arange(0, length, device=query.device).unsqueeze(0)
-            mask = kpos <= qpos
+            qpos = torch.arange(p0, p0 + n, device=query.device).unsqueeze(1)  # (n, 1)
+            kpos = torch.arange(0, length, device=query.device).unsqueeze(0)  # (1, length)
+            mask = kpos <= qpos  # (n, length), True = attend
             if window:
                 mask = mask & (kpos > qpos - int(window))
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling,
-                                           enable_gqa=heads != int(k.shape[1]))
-        out[0, s:s + n] = o[0].transpose(0, 1)
+                                           enable_gqa=heads != int(k.shape[1]))  # (1, heads, n, head_dim)
+        out[0, s:s + n] = o[0].transpose(0, 1)  # (n, heads, head_dim)
     return out, None
 
 
@@ -409,7 +410,7 @@ class Engine:
             seq.pos = start + len(toks)
             if not needs:
                 continue
-            lg = logits[row]
+            lg = logits[row]  # (vocab,)
             row += 1
             if seq.pos == seq.prefix_len and seq.cached_tokens == 0 and seq.prefix_len:
                 assert seq.kv is not None
@@ -425,12 +426,12 @@ class Engine:
         import torch
 
         with torch.inference_mode():
-            x = torch.tensor([ids], dtype=torch.long, device=self.device)
-            pos = torch.tensor([positions], dtype=torch.long, device=self.device)
+            x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, rows)
+            pos = torch.tensor([positions], dtype=torch.long, device=self.device)  # (1, rows)
             out = self.model(input_ids=x, position_ids=pos, use_cache=False,
                              logits_to_keep=torch.tensor(keep, device=self.device),
                              ragbudget_step=ctx)
-            return out.logits[0]
+            return out.logits[0]  # (len(keep), vocab)
 
     def _emit(self, seq: Sequence, tok: int, t: float) -> None:
         if tok in seq.eos:
