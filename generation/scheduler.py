@@ -115,6 +115,9 @@ class Segment:
 
 @dataclass
 class StepContext:
+    """What one engine step hands to :func:`packed_attention` (as the ``ragbudget_step`` model
+    kwarg): the step's packed rows split into :class:`Segment` s, one per answer."""
+
     segments: list[Segment]
 
 
@@ -203,6 +206,7 @@ class Sequence:
     first_logits: Any = None  # set when a prefix-only prompt takes the cache's logits
 
     def in_prefill(self) -> bool:
+        """True while prompt tokens remain to be prefilled (``pos`` < prompt length)."""
         return self.pos < len(self.prompt)
 
     def next_chunk(self) -> tuple[int, int]:
@@ -274,10 +278,12 @@ class Engine:
             self._cond.notify_all()
 
     def wake(self) -> None:
+        """Wake the step loop (after a cancel event was set, so it drops that answer now)."""
         with self._cond:
             self._cond.notify_all()
 
     def running_count(self) -> int:
+        """Answers admitted to the engine now (prefilling or decoding)."""
         with self._cond:
             return len(self._running)
 

@@ -58,7 +58,12 @@ def cancelled(live_server: Any, answer_services: Any) -> dict[str, Any]:
                 break
     stored = _new_receipt_after(answer_services, seq)
     wait_idle(live_server.pipeline)
-    stats = answer_services.generator.last_stats
+    # last_stats is per consuming thread (answers run at once); the answer ran in the server's
+    # worker thread, so read it from a thread that consumed nothing: the latest stream anywhere.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        stats = pool.submit(lambda: answer_services.generator.last_stats).result()
     return {"read": read, "receipt": receipt_body(answer_services, stored.id),
             "finish_reason": stats.finish_reason, "generated": stats.output_tokens,
             "stats_ids": list(stats.output_token_ids)}
@@ -111,16 +116,21 @@ def _raw_answer_request(base_url: str, body: dict[str, Any]) -> Any:
 
 
 def test_client_that_leaves_while_queued_frees_its_place(live_server, answer_services, monkeypatch):
-    from receipts.chain import list_receipts
+    from receipts.chain import head, list_receipts
 
     wait_idle(live_server.pipeline)
+    before = head(answer_services.engine)
+    seq = before.seq if before else 0
     # One slot: the running answer takes it, so the second request must queue (with the
     # engine's default of several slots it would simply join the running batch).
     monkeypatch.setattr(answer_services.generator.engine, "max_running", 1)
     q = live_server.pipeline.queue
     body = {"question": QUESTION, "ttft_budget_ms": BUDGET_MS, "max_new_tokens": MAX_NEW, "stream": True}
+    # The engine decodes ahead of a client that does not read, so the running answer must be
+    # long enough not to end (and hand its slot to the waiting one) during the test: 1000 tokens.
     with httpx.Client(timeout=120) as client, client.stream(
-            "POST", f"{live_server.base_url}/v1/answer", json=body) as running:
+            "POST", f"{live_server.base_url}/v1/answer",
+            json={**body, "max_new_tokens": 1000}) as running:
         events = sse_events(running.iter_lines())  # kept referenced: dropping it would hang up
         assert next(events)[0] == "token"  # the first answer now holds the model
         waiting = _raw_answer_request(live_server.base_url, body)
@@ -134,6 +144,8 @@ def test_client_that_leaves_while_queued_frees_its_place(live_server, answer_ser
             assert time.monotonic() < deadline, "the queued request kept its place after hanging up"
             time.sleep(0.01)
     wait_idle(live_server.pipeline)
+    # A receipt is appended after the answer leaves the queue: wait for both, not for the queue.
+    _new_receipt_after(answer_services, seq + 1)
     page, _ = list_receipts(answer_services.engine, limit=2)  # newest first
     running_body, queued_body = (receipt_body(answer_services, r["id"]) for r in page)
     # The queued answer was recorded first: it left while the other still held the model.

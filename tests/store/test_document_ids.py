@@ -145,11 +145,13 @@ def test_a_folder_renamed_from_nfc_to_nfd_names_is_unchanged(cli, tmp_path):
 def test_the_cli_refuses_a_bad_id_with_exit_2_naming_the_rule(cli, tmp_path):
     page = tmp_path / "page.txt"
     page.write_text("Replication slots keep WAL until the standby has received it.\n")
+    # An id given with --id is an argument: refused before anything is read or written.
     code, out = cli("ingest", str(page), "--id", CJK_1000, "--no-embed", "--json")
-    data = json.loads(out)
-    assert code == 2 and data["revision"] is None
-    result = data["results"][0]
-    assert result["code"] == "invalid_document_id" and "(rule too_long)" in result["reason"]
+    error = json.loads(out)["error"]
+    assert code == 2 and error["code"] == "invalid_document_id"
+    assert error["details"]["rule"] == "too_long" and "(rule too_long)" in error["message"]
+    code, out = cli("revisions", "--json")
+    assert code == 0 and json.loads(out) == []
 
 
 # --- REST: every valid id, from curl, httpx and requests --------------------------------------------
