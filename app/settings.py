@@ -60,7 +60,7 @@ class Settings(BaseSettings):
     generator_step_token_budget: int = Field(256, ge=1, le=65536, description="Local engine: "
                                              "tokens per step (decode tokens + prefill chunks; one "
                                              "chunk always fits).")
-    generator_prefill_chunk: int = Field(64, ge=1, le=65536, description="Local engine: prefill "
+    generator_prefill_chunk: int = Field(256, ge=1, le=65536, description="Local engine: prefill "
                                          "chunk size in tokens (recorded in receipts; replay reuses "
                                          "the recorded one).")
     remote_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. "

@@ -105,7 +105,7 @@ class LocalGenerator:
                  model_id: str | None = None, device: str = "auto", dtype: str = "auto",
                  threads: int = 2, prefix_cache_capacity: int = 4,
                  stop_token_ids: list[int] | None = None, max_running: int = 8,
-                 step_token_budget: int = 256, prefill_chunk: int = 64) -> None:
+                 step_token_budget: int = 256, prefill_chunk: int = 256) -> None:
         import torch
         import transformers
         from transformers import AutoModelForCausalLM

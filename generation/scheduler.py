@@ -406,8 +406,10 @@ class Engine:
         pad = padded_rows(len(ids), self.fixed_rows) - len(ids)
         ids.extend([0] * pad)
         positions.extend([0] * pad)
-        keep = logit_rows + [logit_rows[0] if logit_rows else 0] * (
-            padded_rows(len(logit_rows), self.fixed_rows) - len(logit_rows))
+        # The LM head runs on the logit rows padded like a step (same kernel for every row
+        # count); a step that only prefills (no row needs logits) skips it.
+        keep = (logit_rows + [logit_rows[0]] * (padded_rows(len(logit_rows), self.fixed_rows)
+                                                - len(logit_rows))) if logit_rows else []
         logits = self._forward(ids, positions, keep, StepContext(segments))
         self.steps += 1
         self.peak_rows_answers = max(self.peak_rows_answers, len(items))
@@ -435,7 +437,7 @@ class Engine:
             x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, rows)
             pos = torch.tensor([positions], dtype=torch.long, device=self.device)  # (1, rows)
             out = self.model(input_ids=x, position_ids=pos, use_cache=False,
-                             logits_to_keep=torch.tensor(keep, device=self.device),
+                             logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
                              ragbudget_step=ctx)
             return out.logits[0]  # (len(keep), vocab)
 

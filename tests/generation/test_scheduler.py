@@ -51,3 +51,19 @@ def test_chunked_packed_prefill_matches_a_full_eager_forward(kind: str) -> None:
 def test_padded_rows_rule() -> None:
     assert [padded_rows(n) for n in (1, 9, 16, 17, 24, 25)] == [16, 16, 16, 24, 24, 32]
     assert padded_rows(5, fixed=320) == 320 and padded_rows(400, fixed=320) == 400
+
+
+def test_prefill_only_steps_skip_the_lm_head() -> None:
+    """A step whose chunks need no logits (mid-prompt) runs no LM-head rows; the step that
+    ends the prompt runs them padded to ``padded_rows``."""
+    model = _tiny("llama")
+    register_packed_attention()
+    model.config._attn_implementation = ATTN_NAME
+    head_rows: list[int] = []
+    model.lm_head.register_forward_hook(lambda _m, inp, _out: head_rows.append(int(inp[0].shape[1])))
+    engine = Engine(model, "cpu", threading.Lock(), lambda _ids: None, lambda *_a: None, 4, 256)
+    seq = Sequence(prompt=list(range(5, 45)), prefix_len=0, max_new=1, chunk=16,
+                   select=lambda _logits: 0, eos=frozenset())
+    engine.run_alone(seq)
+    assert engine.steps == 3  # chunks [0,16), [16,32), [32,40)
+    assert head_rows == [0, 0, padded_rows(1)]
