@@ -37,6 +37,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import random
 import statistics
 import subprocess
@@ -93,18 +94,19 @@ class Server:
 
 
 def _one(client: Any, url: str, question: str, budget: float, tokens: int,
-         headers: dict[str, str]) -> dict[str, Any]:
+         headers: dict[str, str], on_budget_miss: str = "reject") -> dict[str, Any]:
     """One answer request; the client's view (status, wall time) plus the answer's own numbers."""
     t0 = time.perf_counter()
     r = client.post(f"{url}/v1/answer", headers=headers, timeout=600,
                     json={"question": question, "ttft_budget_ms": budget, "max_new_tokens": tokens,
-                          "on_budget_miss": "reject"})
+                          "on_budget_miss": on_budget_miss})
     wall = (time.perf_counter() - t0) * 1000.0
     row: dict[str, Any] = {"status": r.status_code, "client_ms": wall}
     if r.status_code == 200:
         a = r.json()
         t, p = a["timings"], a["predicted"]
         row.update(ttft_ms=t["ttft_ms"], queue_ms=t["queue_ms"], prefill_ms=t["prefill_ms"],
+                   tpot_ms=t["tpot_ms"], end_t=time.perf_counter(),
                    auth_ms=t.get("auth_ms"), overhead_ms=t["overhead_ms"], k=a["chosen_k"],
                    binding=a["binding"], within=a["within_budget"], cause=a["budget_miss_cause"],
                    predicted_wait_ms=p["wait_ms"], predicted_p95_ms=p["ttft_p95_ms"],
@@ -118,7 +120,8 @@ def _one(client: Any, url: str, question: str, budget: float, tokens: int,
 
 
 def run_cell(url: str, load: str, budget: float, tokens: int, n: int, questions: list[str],
-             rng: random.Random, headers: dict[str, str]) -> list[dict[str, Any]]:
+             rng: random.Random, headers: dict[str, str],
+             on_budget_miss: str = "reject") -> list[dict[str, Any]]:
     """``n`` answers under ``load``; rows in completion order."""
     import httpx
 
@@ -128,7 +131,7 @@ def run_cell(url: str, load: str, budget: float, tokens: int, n: int, questions:
     qs = [questions[rng.randrange(len(questions))] for _ in range(n)]
 
     def ask(i: int, client: Any) -> None:
-        row = _one(client, url, qs[i], budget, tokens, headers)
+        row = _one(client, url, qs[i], budget, tokens, headers, on_budget_miss)
         row["i"] = i
         with lock:
             rows.append(row)
@@ -236,7 +239,6 @@ def _build(auth: bool = False) -> tuple[Any, Any, list[str]]:
 
 
 def _header(services: Any, app: Any) -> dict[str, Any]:
-    import os
     import platform
 
     prof = app.state.pipeline.profile()
@@ -393,6 +395,89 @@ def auth(args: argparse.Namespace) -> int:
     return 0
 
 
+BATCH_ARMS = ("batched", "serial")
+
+
+def batching(args: argparse.Namespace) -> int:
+    """Batched vs one-at-a-time answers through HTTP, same run (``--batching``).
+
+    Closed loop at each of ``--clients`` (every client asks again as soon as it has its
+    answer), ``--per-client`` answers each, ``--budget`` ms, ``--tokens`` new tokens,
+    ``on_budget_miss: answer`` (every request is answered, late ones flagged). Arm
+    ``batched``: the engine's configured ``max_running``; ``serial``: ``max_running = 1``
+    (one answer at a time, the rest wait), the same questions. Late binding and the online
+    correction stay on in both. Per cell: goodput (answers within budget per minute of the
+    cell's wall time), TTFT p50/p95, mean TPOT, and the ratios the issue's goals are stated in.
+    """
+    services, app, questions = _build()
+    engine = services.generator.engine
+    configured = int(engine.max_running)
+    server = Server(app)
+    out: Path = args.out
+    header = _header(services, app)
+    header.update(kind="batching-run", max_running=configured)
+    results: dict[tuple[int, str], dict[str, Any]] = {}
+    with out.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(header) + "\n")
+        for clients in [int(c) for c in args.clients.split(",")]:
+            for arm in BATCH_ARMS:
+                engine.max_running = configured if arm == "batched" else 1
+                cell_rng = random.Random(f"{args.seed}-batching-{clients}")  # same questions per arm
+                t0 = time.perf_counter()
+                rows = run_cell(server.url, f"closed-{clients}", args.budget, args.tokens,
+                                clients * args.per_client, questions, cell_rng, {}, "answer")
+                wall_s = time.perf_counter() - t0
+                ok = [r for r in rows if r["status"] == 200]
+                ttft = [r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None]
+                tpot = [r["tpot_ms"] for r in ok if r.get("tpot_ms") is not None]
+                cell = {"kind": "batching", "clients": clients, "arm": arm, "budget": args.budget,
+                        "tokens": args.tokens, "requests": len(rows), "answered": len(ok),
+                        "within": sum(1 for r in ok if r["within"]), "wall_s": wall_s,
+                        "goodput_per_min": 60.0 * sum(1 for r in ok if r["within"]) / wall_s,
+                        "answers_per_min": 60.0 * len(ok) / wall_s,
+                        "ttft_p50": _pct(ttft, 0.5), "ttft_p95": _pct(ttft, 0.95),
+                        "tpot_mean": statistics.fmean(tpot) if tpot else None,
+                        "tokens_out_mean": statistics.fmean(r["tokens_out"] for r in ok) if ok else None,
+                        "k_mean": statistics.fmean(r["k"] for r in ok) if ok else None,
+                        "loadavg": os.getloadavg(), "rows": rows}
+                results[(clients, arm)] = cell
+                fh.write(json.dumps(cell) + "\n")
+                fh.flush()
+                print(f"{clients} clients {arm:>7}: {cell['within']}/{len(rows)} within budget, "
+                      f"goodput {cell['goodput_per_min']:.1f}/min, TTFT p95 {cell['ttft_p95']}, "
+                      f"TPOT {cell['tpot_mean']} ({wall_s:.0f} s)", file=sys.stderr, flush=True)
+    engine.max_running = configured
+    server.stop()
+    services.close()
+    print(batching_report(list(results.values())))
+    return 0
+
+
+def batching_report(cells: list[dict[str, Any]]) -> str:
+    """Markdown table of ``--batching`` cells with the ratios of the goals (4 clients batched:
+    goodput vs serial, TTFT p95 and TPOT vs 1 client batched)."""
+
+    def f(v: Any, spec: str = ".0f") -> str:
+        return "-" if v is None else format(v, spec)
+
+    lines = ["| clients | arm | within budget | wall s | goodput /min | answers /min | TTFT p50 | "
+             "TTFT p95 | TPOT ms | mean k |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    by = {(c["clients"], c["arm"]): c for c in cells}
+    for c in cells:
+        lines.append(f"| {c['clients']} | {c['arm']} | {c['within']}/{c['requests']} | {c['wall_s']:.0f} | "
+                     f"{c['goodput_per_min']:.1f} | {c['answers_per_min']:.1f} | {f(c['ttft_p50'])} | "
+                     f"{f(c['ttft_p95'])} | {f(c['tpot_mean'], '.1f')} | {f(c['k_mean'], '.1f')} |")
+    b4, s4, b1 = by.get((4, "batched")), by.get((4, "serial")), by.get((1, "batched"))
+    if b4 and s4 and s4["goodput_per_min"]:
+        ratio = b4["goodput_per_min"] / s4["goodput_per_min"]
+        lines.append(f"\n4 clients: goodput batched / serial = {ratio:.2f}x")
+    if b4 and b1 and b1["ttft_p95"] and b4["ttft_p95"] is not None:
+        lines.append(f"4 clients batched vs 1 client: TTFT p95 {b4['ttft_p95'] / b1['ttft_p95']:.2f}x")
+    if b4 and b1 and b1["tpot_mean"] and b4["tpot_mean"] is not None:
+        lines.append(f"4 clients batched vs 1 client: TPOT {b4['tpot_mean'] / b1['tpot_mean']:.2f}x")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the grid (default), the CPU-hog coverage run (``--hog``), the auth comparison
     (``--auth``) or print the table of a finished run (``--report``); see the module docstring."""
@@ -408,6 +493,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=3000.0, help="--hog: the TTFT budget, ms")
     ap.add_argument("--auth", action="store_true", help="/v1/retrieve with vs without a key")
     ap.add_argument("--auth-requests", type=int, default=200, help="--auth: requests per side")
+    ap.add_argument("--batching", action="store_true", help="batched vs one-at-a-time, same run")
+    ap.add_argument("--clients", default="1,2,4,8", help="--batching: closed-loop client counts")
+    ap.add_argument("--per-client", type=int, default=3, help="--batching: answers per client")
+    ap.add_argument("--tokens", type=int, default=32, help="--batching: max new tokens")
     args = ap.parse_args(argv)
     if args.report:
         print(report(args.out))
@@ -416,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         return hog(args)
     if args.auth:
         return auth(args)
+    if args.batching:
+        return batching(args)
     return grid(args)
 
 
