@@ -82,23 +82,36 @@ def _wait_depth(app: KeyedApp, depth: int) -> None:
         time.sleep(0.005)
 
 
+def _ask_behind_a_held_answer(app: KeyedApp, gen: StepGenerator, budget: float, hold_s: float = 0.0,
+                              while_queued: Any = None, **extra: Any) -> tuple[Any, Any, Any]:
+    """Hold the model with a short answer (:func:`_hold`), ask behind it, keep the model busy
+    ``hold_s`` seconds once the request has queued (calling ``while_queued()`` then), release.
+
+    Returns ``(the holder's response, the queued request's response, while_queued's result)``.
+    """
+    holder, held = _hold(app, gen)
+    out: list[Any] = []
+    waiter = threading.Thread(target=lambda: out.append(_ask(app, budget, **extra)))
+    waiter.start()
+    seen = None
+    try:
+        _wait_depth(app, 1)
+        seen = while_queued() if while_queued is not None else None
+        time.sleep(hold_s)
+    finally:
+        gen.gate.set()  # type: ignore[union-attr]
+    holder.join(30)
+    waiter.join(30)
+    return held[0], out[0], seen
+
+
 def test_after_a_wait_the_plan_picks_a_smaller_k(loaded: tuple[KeyedApp, Any]) -> None:
     app, gen = loaded
     alone = _ask(app, 1500).json()
     assert alone["chosen_k"] >= 2 and alone["predicted"]["late_bound"] is True
 
-    holder, _ = _hold(app, gen)
-    out: list[Any] = []
-    waiter = threading.Thread(target=lambda: out.append(_ask(app, 1500)))
-    waiter.start()
-    try:
-        _wait_depth(app, 1)
-        time.sleep(1.0)  # the model stays busy 1 s: two thirds of the budget gone before prefill
-    finally:
-        gen.gate.set()  # type: ignore[union-attr]
-    holder.join(30)
-    waiter.join(30)
-    late = out[0].json()
+    # The model stays busy 1 s: two thirds of the budget gone before prefill.
+    late = _ask_behind_a_held_answer(app, gen, 1500, hold_s=1.0)[1].json()
     assert late["timings"]["queue_ms"] >= 1000
     assert late["chosen_k"] < alone["chosen_k"]
     # The plan counted the time actually spent when it chose k.
@@ -110,18 +123,7 @@ def test_without_late_binding_the_wait_is_unseen(loaded: tuple[KeyedApp, Any]) -
     pipeline = app.client.app.state.pipeline  # type: ignore[attr-defined]
     pipeline.late_binding = False
     alone = _ask(app, 1500).json()
-    holder, _ = _hold(app, gen)
-    out: list[Any] = []
-    waiter = threading.Thread(target=lambda: out.append(_ask(app, 1500)))
-    waiter.start()
-    try:
-        _wait_depth(app, 1)
-        time.sleep(1.0)
-    finally:
-        gen.gate.set()  # type: ignore[union-attr]
-    holder.join(30)
-    waiter.join(30)
-    late = out[0].json()
+    late = _ask_behind_a_held_answer(app, gen, 1500, hold_s=1.0)[1].json()
     assert late["predicted"]["late_bound"] is False
     # Chosen on arrival, as if the model were free: the plan never counted the wait.
     assert late["predicted"]["overhead_ms"] < late["timings"]["queue_ms"]
@@ -132,18 +134,11 @@ def test_predicted_wait_matches_the_fake_schedule(loaded: tuple[KeyedApp, Any]) 
     """Running answer held before its prefill + one waiting answer: the advised wait is the
     fake's schedule for both (prefill + max_new_tokens - 1 steps each), within the profile's fit."""
     app, gen = loaded
-    holder, held = _hold(app, gen)
-    out: list[Any] = []
-    waiter = threading.Thread(target=lambda: out.append(_ask(app, 60_000)))
-    waiter.start()
-    try:
-        _wait_depth(app, 1)
-        advice = app.client.post("/v1/advise", json={"question": Q, "ttft_budget_ms": 60_000}).json()
-    finally:
-        gen.gate.set()  # type: ignore[union-attr]
-    holder.join(30)
-    waiter.join(30)
-    first, second = held[0].json(), out[0].json()
+    held, queued, advice = _ask_behind_a_held_answer(
+        app, gen, 60_000,
+        while_queued=lambda: app.client.post("/v1/advise", json={"question": Q,
+                                                                  "ttft_budget_ms": 60_000}).json())
+    first, second = held.json(), queued.json()
     expected = sum(gen.schedule_ms(a["tokens"]["prompt"], a["tokens"]["cached"], a["tokens"]["output"])
                    for a in (first, second))
     assert advice["queue_depth"] == 1
@@ -186,18 +181,8 @@ def test_reject_never_refuses_what_k0_can_make(loaded: tuple[KeyedApp, Any]) -> 
 def test_reject_after_the_wait_when_the_wait_ate_the_budget(loaded: tuple[KeyedApp, Any]) -> None:
     app, gen = loaded
     before = _receipts(app)
-    holder, _ = _hold(app, gen)  # predicted short, but held at the gate
-    out: list[Any] = []
-    waiter = threading.Thread(target=lambda: out.append(_ask(app, 400, on_budget_miss="reject")))
-    waiter.start()
-    try:
-        _wait_depth(app, 1)
-        time.sleep(0.5)
-    finally:
-        gen.gate.set()  # type: ignore[union-attr]
-    holder.join(30)
-    waiter.join(30)
-    r = out[0]
+    # The holder is predicted short, but held at the gate.
+    r = _ask_behind_a_held_answer(app, gen, 400, hold_s=0.5, on_budget_miss="reject")[1]
     assert r.status_code == 503 and r.json()["error"]["code"] == "budget_unreachable"
     assert r.json()["error"]["details"]["where"] == "granted"
     assert _receipts(app) == before + 1  # the holder's only
