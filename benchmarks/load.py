@@ -25,6 +25,11 @@ same answer, predicted without correction). Reported: coverage over answers
 check and to one without (same services, same process, same run); p50/p95 of
 each and the difference.
 
+``--batching``: batched vs one-at-a-time answers, same run (closed loop at
+``--clients``, the engine's ``max_running`` vs 1, same questions per cell):
+goodput (answers within budget per minute), TTFT p50/p95, TPOT and the ratios
+of the goals (4 clients vs serial, and vs 1 client).
+
     cp -a /work/data/mainjob /tmp/lb-data   # never write into the prepared directory
     RAGBUDGET_DATA_DIR=/tmp/lb-data flock /tmp/ragbudget-cpu.lock \\
         python benchmarks/load.py --out docs/load.jsonl --per-cell 8
