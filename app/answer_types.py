@@ -22,7 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from latency_model.planner import Plan
 
-AnswerStatus = Literal["ok", "cancelled", "failed"]
+# ``interrupted`` is never an answer's own status: it is written later, for an answer whose
+# process died while it generated (receipts.journal); listed so every status has one type.
+AnswerStatus = Literal["ok", "cancelled", "failed", "interrupted"]
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 

@@ -32,7 +32,10 @@ never refused.
 * ``retrieval_ms``: query embedding + search + fetch.
 
 Every answer (ok, cancelled or failed after the pipeline started) writes
-exactly one receipt (:func:`receipts.chain.append_receipt`).
+exactly one receipt (:func:`receipts.chain.append_receipt`). An answer that gets the
+model first writes a journal row (:mod:`receipts.journal`), deleted with the receipt's
+append; should the process die before that, the next start records the answer as
+``interrupted``.
 """
 
 from __future__ import annotations
@@ -448,6 +451,7 @@ class AnswerPipeline:
         ticket = self._ticket(prepared)
         slot: AbstractContextManager[float] | None = self.queue.slot(cancel, ticket)
         before_stats: GenerationStats | None = None
+        receipt_id: str | None = None  # reserved by the journal row once the answer has the model
         queued_t = time.perf_counter()
         try:
             state.queue_ms = slot.__enter__()  # type: ignore[union-attr]
@@ -457,6 +461,8 @@ class AnswerPipeline:
                     ticket.prefill_ms = self._ticket(prepared).prefill_ms
                 if reject:
                     self._check_reachable(prepared, prepared.plan.overhead_ms, 0.0, "granted")
+                # Before the first token, outside queue_ms and prefill_ms (inside ttft_ms).
+                receipt_id = self._open_journal(prepared, params, state)
             except BaseException:
                 slot.__exit__(None, None, None)  # type: ignore[union-attr]
                 raise
@@ -512,7 +518,7 @@ class AnswerPipeline:
                 # previous answer's (a backend that failed before starting leaves them as they were).
                 stats = gen.last_stats
                 state.stats = stats if stats is not before_stats else None
-            summary = self._finish(prepared, params, state)
+            summary = self._finish(prepared, params, state, receipt_id)
         if state.status == "failed":
             yield AnswerEvent("error", summary=summary)
         else:
@@ -558,8 +564,28 @@ class AnswerPipeline:
         except OSError:
             log.warning("could not store the online correction of %s", p.profile.id, exc_info=True)
 
-    def _finish(self, p: Prepared, params: GenParams, state: InFlight) -> Answer:
-        """Compute timings, write the receipt, record metrics; return the :class:`Answer`."""
+    def _finish(self, p: Prepared, params: GenParams, state: InFlight,
+                receipt_id: str | None = None) -> Answer:
+        """Compute timings, write the receipt, record metrics; return the :class:`Answer`.
+
+        ``receipt_id``: the id the answer's journal row reserved (its receipt takes it and
+        the row goes in the same transaction); None: a fresh id.
+        """
+        summary, out_ids, prefill_ms = self._summary(p, state)
+        self._learn(p, state.stats, prefill_ms)
+        try:
+            engine_prompt = state.stats.engine_prompt if state.stats is not None else None
+            summary.receipt_id = self._write_receipt(p, params, summary, out_ids, engine_prompt,
+                                                     receipt_id=receipt_id)
+        except Exception as exc:
+            log.exception("receipt write failed")
+            summary.receipt_error = str(exc)
+        self.metrics.observe(summary)
+        return summary
+
+    def _summary(self, p: Prepared, state: InFlight) -> tuple[Answer, list[int], float | None]:
+        """The :class:`Answer` for ``state`` as it stands (no side effects), the output token ids
+        and the measured prefill (ms, None before a first token)."""
         stats = state.stats
         first_t, last_t = state.first_t, state.last_t
         ttft_ms = (first_t - p.arrival_t) * 1000.0 if first_t is not None else None
@@ -576,7 +602,6 @@ class AnswerPipeline:
         row = p.plan.rows[k] if p.plan.rows and k < len(p.plan.rows) else None
         prefill_ms = ((first_t - state.granted_t) * 1000.0
                       if first_t is not None and state.granted_t is not None else None)
-        self._learn(p, stats, prefill_ms)
         spent_ms = ((state.granted_t - p.arrival_t) * 1000.0 if state.granted_t is not None else None)
         within = None if ttft_ms is None else bool(ttft_ms <= p.budget_ms)
         corr = p.correction
@@ -612,30 +637,54 @@ class AnswerPipeline:
             receipt_id=None,
             finish_reason=_finish_reason(state, p.max_new_tokens, n_out), stop_sequence=state.stop,
         )
+        return summary, out_ids, prefill_ms
+
+    def _open_journal(self, p: Prepared, params: GenParams, state: InFlight) -> str | None:
+        """Write the answer's journal row before its first token (:mod:`receipts.journal`): the
+        receipt body as known now (status ``interrupted``, no output, timings up to the model
+        grant), so a process killed mid-answer still leaves a receipt, written at the next
+        start. Returns the receipt id it reserved; None when the write failed (logged; the
+        answer goes on, and its receipt is still written when it ends)."""
+        from receipts.chain import new_receipt_id
+        from receipts.journal import open_entry
+
         try:
-            engine_prompt = state.stats.engine_prompt if state.stats is not None else None
-            summary.receipt_id = self._write_receipt(p, params, summary, out_ids, engine_prompt)
-        except Exception as exc:
-            log.exception("receipt write failed")
-            summary.receipt_error = str(exc)
-        self.metrics.observe(summary)
-        return summary
+            summary, _ids, _prefill = self._summary(p, state)
+            summary.status = "interrupted"
+            summary.timings.total_ms = None  # not known: the answer has not ended
+            body = self._receipt_body(p, params, summary, [], with_output=False)
+            receipt_id = new_receipt_id()
+            open_entry(self.services.engine, receipt_id, body)
+        except Exception:
+            log.exception("could not write the answer's journal row; a crash now would lose its receipt")
+            return None
+        return receipt_id
 
     def _write_receipt(self, p: Prepared, params: GenParams, summary: Answer,
-                       out_ids: list[int], engine_prompt: dict[str, Any] | None = None) -> str:
-        """Append this answer's receipt to the chain; return its id.
+                       out_ids: list[int], engine_prompt: dict[str, Any] | None = None, *,
+                       receipt_id: str | None = None) -> str:
+        """Append this answer's receipt to the chain (as ``receipt_id`` when its journal row
+        reserved one, deleting the row in the same transaction); return its id.
 
         ``engine_prompt``: a remote engine's own split of the prompt when it differs from
         ragbudget's ids (:mod:`generation.remote_text`), recorded under ``extra``.
         """
         from receipts.chain import append_receipt
+
+        body = self._receipt_body(p, params, summary, out_ids, engine_prompt)
+        return str(append_receipt(self.services.engine, body, receipt_id=receipt_id).id)
+
+    def _receipt_body(self, p: Prepared, params: GenParams, summary: Answer, out_ids: list[int],
+                      engine_prompt: dict[str, Any] | None = None, *,
+                      with_output: bool = True) -> dict[str, Any]:
+        """The receipt body of ``summary`` (validated; ``output`` null unless ``with_output``)."""
         from receipts.schema import build_receipt_body
 
         gen = self.services.generator
         r = p.retrieval
         ident = dict(gen.identity)
         text = summary.text
-        body = build_receipt_body(
+        return build_receipt_body(
             question=p.request.question,
             corpus={"revision": r.revision, "root_hash": r.root_hash},
             embedder={"id": r.embedder_id, "identity": r.embedder},
@@ -667,16 +716,15 @@ class AnswerPipeline:
                        # the local engine's prefill chunking, which replay reuses
                        **({"engine": ident["engine"]} if ident.get("engine") else {})},
             timings=summary.timings.model_dump(),
-            output={"text": text, "text_hash": sha256_text(text),
-                    "token_ids": out_ids, "token_ids_hash": sha256_ints(out_ids),
-                    "output_tokens": summary.tokens.output, "finish_reason": summary.finish_reason,
-                    "stop_sequence": summary.stop_sequence},
+            output=({"text": text, "text_hash": sha256_text(text),
+                     "token_ids": out_ids, "token_ids_hash": sha256_ints(out_ids),
+                     "output_tokens": summary.tokens.output, "finish_reason": summary.finish_reason,
+                     "stop_sequence": summary.stop_sequence} if with_output else None),
             status=summary.status,
             error=summary.error.model_dump() if summary.error is not None else None,
             software=software_versions(),
             **({"extra": {"engine_prompt": engine_prompt}} if engine_prompt else {}),
         )
-        return str(append_receipt(self.services.engine, body).id)
 
 
 def _miss_cause(p: Prepared, row: Any, spent_ms: float | None, queue_ms: float | None) -> str:

@@ -1,7 +1,8 @@
 """Wiring replay into the app: the retriever and the prompt/regeneration hooks (CLI and API).
 
 ``receipts`` never imports ``app``; what replay needs from here (rebuilding a
-prompt, regenerating) comes from :func:`replay_hooks` below. While the retriever
+prompt, regenerating) comes from :func:`replay_hooks` below. Also here: recording the
+answers a killed process left unfinished, at start (:func:`record_interrupted_answers`). While the retriever
 is not given, replay still runs the checks it can and marks the others ``skipped``.
 """
 
@@ -16,6 +17,24 @@ from receipts.replay import ReplayReport, replay
 
 def _environment() -> dict[str, Any]:
     return {f"software.{k}": v for k, v in software_versions().items()}
+
+
+def record_interrupted_answers(services: Services) -> int:
+    """Record every answer a dead process left without a receipt as ``interrupted``
+    (:func:`receipts.journal.recover_interrupted`); return how many. Run when the API starts.
+
+    Never raises: a database that cannot be reached now is logged, and the journal rows
+    wait for the next start (the API's own requests report the database error).
+    """
+    import logging
+
+    from receipts.journal import recover_interrupted
+
+    try:
+        return len(recover_interrupted(services.engine))
+    except Exception:
+        logging.getLogger("ragbudget").exception("could not record interrupted answers at start")
+        return 0
 
 
 def replay_receipt(services: Services, receipt_id: str, *, regenerate: bool = False) -> ReplayReport:

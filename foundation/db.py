@@ -43,6 +43,7 @@ class WriterLock(IntEnum):
     KEYS = 0x7261670004        # API keys
     SCAFFOLDS = 0x7261670005   # prompt scaffolds
     MIGRATIONS = 0x7261670006  # schema migrations (app.db.upgrade)
+    JOURNAL = 0x7261670007     # started answers' journal rows (receipts.journal)
 
 
 class Base(DeclarativeBase):

@@ -20,15 +20,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, exists, insert, select
+from sqlalchemy import Engine, delete, exists, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session
 
 from foundation.bounds import check_int64, check_text, parse_decimal_int64, parse_utc_time
 from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import Conflict, IntegrityFailure, InvalidInput, UnknownReceipt
 from foundation.provenance import to_utc_iso, utc_now_iso
 from receipts.canonical import canonical_body, receipt_hash
-from receipts.models import ReceiptDocument, ReceiptRow
+from receipts.models import ReceiptDocument, ReceiptJournalRow, ReceiptRow
 from receipts.schema import CHAIN_FIELDS, FORMAT_VERSION, STATUSES, document_versions, validate_body
 from retrieval.document_ids import lookup_document_id
 
@@ -53,8 +54,9 @@ class StoredReceipt:
                 "created_at": self.created_at}
 
 
-__all__ = ["GENESIS", "StoredReceipt", "append_receipt", "get_receipt", "get_receipt_row", "head",
-           "list_receipts", "parse_body", "receipt_hash", "summarize"]
+__all__ = ["GENESIS", "StoredReceipt", "append_in_transaction", "append_receipt", "get_receipt",
+           "get_receipt_row", "head", "list_receipts", "new_receipt_id", "parse_body", "receipt_hash",
+           "summarize"]
 
 
 def parse_body(text: str) -> dict[str, Any]:
@@ -72,46 +74,36 @@ def parse_body(text: str) -> dict[str, Any]:
     return body
 
 
-def append_receipt(engine: Engine, body: dict[str, Any], *, max_attempts: int = 50) -> StoredReceipt:
+def append_receipt(engine: Engine, body: dict[str, Any], *, receipt_id: str | None = None,
+                   max_attempts: int = 50) -> StoredReceipt:
     """Append ``body`` to the chain in one transaction; return where it landed.
 
     Inside one serialised write transaction (``BEGIN IMMEDIATE`` on SQLite, an
     advisory lock on PostgreSQL) the head is read, the chain fields are set
-    (``id`` = ``rcpt_<uuid4 hex>``, ``seq`` = head + 1, ``created_at`` ISO-8601
-    UTC µs and never earlier than the head's, ``prev_hash``, ``format_version``),
-    the hash is computed, and the receipt row plus one ``receipt_documents`` row
-    per distinct candidate (document id, version) are inserted. Wholly there or
-    not at all. Should two writers still race for the same head (the UNIQUE
-    ``prev_hash`` rejects the second), the loser retries with the new head.
-    On success the chain fields are also written into ``body``.
+    (``id`` = ``receipt_id`` or a new ``rcpt_<uuid4 hex>``, ``seq`` = head + 1,
+    ``created_at`` ISO-8601 UTC µs and never earlier than the head's, ``prev_hash``,
+    ``format_version``), the hash is computed, and the receipt row plus one
+    ``receipt_documents`` row per distinct candidate (document id, version) are
+    inserted; the journal row of ``receipt_id`` (:mod:`receipts.journal`), if any,
+    is deleted in the same transaction. Wholly there or not at all. Should two
+    writers still race for the same head (the UNIQUE ``prev_hash`` rejects the
+    second), the loser retries with the new head. On success the chain fields are
+    also written into ``body``.
 
     Raises:
         InvalidInput: the body does not validate (:func:`receipts.schema.validate_body`).
-        Conflict: no free head after ``max_attempts`` tries.
+        Conflict: a receipt ``receipt_id`` exists already (e.g. the answer was recorded as
+            interrupted by another process), or no free head after ``max_attempts`` tries.
     """
     validate_body(body)
     content = {k: v for k, v in body.items() if k not in CHAIN_FIELDS}
-    docs = document_versions(content)
     last_exc: Exception | None = None
     for attempt in range(max_attempts):
+        # A fresh id per attempt unless one was reserved: a clash on the id is a race too.
+        rid = receipt_id if receipt_id is not None else new_receipt_id()
         try:
             with write_transaction(engine, WriterLock.RECEIPTS) as session:
-                head = session.execute(
-                    select(ReceiptRow.seq, ReceiptRow.hash, ReceiptRow.created_at)
-                    .order_by(ReceiptRow.seq.desc()).limit(1)
-                ).first()
-                seq, prev_hash, head_at = (head[0] + 1, head[1], head[2]) if head else (1, GENESIS, "")
-                full = dict(content, id="rcpt_" + uuid.uuid4().hex, seq=seq,
-                            created_at=max(utc_now_iso(), head_at), prev_hash=prev_hash,
-                            format_version=FORMAT_VERSION)
-                digest = receipt_hash(full)
-                full["hash"] = digest
-                session.execute(insert(ReceiptRow).values(
-                    seq=seq, id=full["id"], created_at=full["created_at"], status=full["status"],
-                    prev_hash=prev_hash, hash=digest, body=canonical_body(full).decode("utf-8")))
-                if docs:
-                    session.execute(insert(ReceiptDocument), [
-                        {"receipt_seq": seq, "document_id": d, "version": v} for d, v in docs])
+                full = append_in_transaction(session, content, rid, check_id=receipt_id is not None)
         except (IntegrityError, OperationalError) as exc:
             if isinstance(exc, OperationalError) and "locked" not in str(exc).lower():
                 raise
@@ -120,9 +112,45 @@ def append_receipt(engine: Engine, body: dict[str, Any], *, max_attempts: int = 
             continue
         for key in CHAIN_FIELDS:
             body[key] = full[key]
-        return StoredReceipt(seq=seq, id=full["id"], hash=digest, prev_hash=prev_hash,
-                             created_at=full["created_at"])
+        return StoredReceipt(seq=full["seq"], id=full["id"], hash=full["hash"],
+                             prev_hash=full["prev_hash"], created_at=full["created_at"])
     raise Conflict(f"could not append a receipt after {max_attempts} attempts: {last_exc}")
+
+
+def new_receipt_id() -> str:
+    """A fresh receipt id: ``rcpt_`` + 32 hex digits of a uuid4."""
+    return "rcpt_" + uuid.uuid4().hex
+
+
+def append_in_transaction(session: Session, content: dict[str, Any], receipt_id: str, *,
+                          check_id: bool = True) -> dict[str, Any]:
+    """Append ``content`` (a validated body without chain fields) as ``receipt_id`` inside
+    ``session``, a write transaction holding ``WriterLock.RECEIPTS``; delete the journal row of
+    ``receipt_id``. Returns the full stored body (chain fields and hash included).
+
+    Raises:
+        Conflict: ``check_id`` and a receipt ``receipt_id`` exists already.
+    """
+    if check_id and session.scalar(select(ReceiptRow.seq).where(ReceiptRow.id == receipt_id)) is not None:
+        raise Conflict(f"receipt {receipt_id} exists already", receipt_id=receipt_id)
+    head = session.execute(
+        select(ReceiptRow.seq, ReceiptRow.hash, ReceiptRow.created_at)
+        .order_by(ReceiptRow.seq.desc()).limit(1)
+    ).first()
+    seq, prev_hash, head_at = (head[0] + 1, head[1], head[2]) if head else (1, GENESIS, "")
+    full = dict(content, id=receipt_id, seq=seq, created_at=max(utc_now_iso(), head_at),
+                prev_hash=prev_hash, format_version=FORMAT_VERSION)
+    digest = receipt_hash(full)
+    full["hash"] = digest
+    session.execute(insert(ReceiptRow).values(
+        seq=seq, id=receipt_id, created_at=full["created_at"], status=full["status"],
+        prev_hash=prev_hash, hash=digest, body=canonical_body(full).decode("utf-8")))
+    docs = document_versions(content)
+    if docs:
+        session.execute(insert(ReceiptDocument), [
+            {"receipt_seq": seq, "document_id": d, "version": v} for d, v in docs])
+    session.execute(delete(ReceiptJournalRow).where(ReceiptJournalRow.id == receipt_id))
+    return full
 
 
 def get_receipt_row(engine: Engine, receipt_id: str) -> ReceiptRow:
@@ -196,7 +224,7 @@ def list_receipts(
 
     ``since`` is inclusive and ``until`` exclusive (ISO-8601; naive means UTC);
     ``document_id`` (optionally with ``document_version``) keeps receipts whose
-    candidates came from that document; ``status`` is ok/cancelled/failed;
+    candidates came from that document; ``status`` is ok/cancelled/failed/interrupted;
     ``within`` keeps receipts whose measured TTFT was (True) or was not (False) within
     their budget (:func:`within_budget`; receipts without a TTFT match neither).
     ``cursor`` is the ``next_cursor`` of the previous page (``None`` on the last).

@@ -37,3 +37,23 @@ class ReceiptDocument(Base):
     receipt_seq: Mapped[int] = mapped_column(ForeignKey("receipts.seq"), primary_key=True)
     document_id: Mapped[str] = mapped_column(String(1024), primary_key=True, index=True)
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
+
+
+class ReceiptJournalRow(Base):
+    """An answer that started generating and has no receipt yet (``receipts.journal``).
+
+    ``id`` is the receipt id the answer's receipt will carry; ``body`` the receipt body
+    as known when generation started (canonical JSON, no output); ``host``/``pid``/
+    ``process`` name the process serving the answer (:mod:`foundation.processes`).
+    Deleted in the transaction that appends the answer's receipt; a row whose process
+    is gone becomes an ``interrupted`` receipt at the next start.
+    """
+
+    __tablename__ = "receipt_journal"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[str] = mapped_column(String(40))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    process: Mapped[str] = mapped_column(String(128))
+    body: Mapped[str] = mapped_column(Text)

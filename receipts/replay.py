@@ -22,7 +22,9 @@ Checks, in order (each ``{name, status, ok, expected, actual, detail}``):
    token ids from ``start``) and the recorded environment fields that differ.
 
 A check whose hook is not available is ``skipped`` (it does not fail the
-replay). The report also carries the receipt's freshness.
+replay). An ``interrupted`` receipt (:mod:`receipts.journal`) replays steps 1-3 like any
+other (what the model was shown); step 4 is ``skipped``: no output was recorded to compare.
+The report also carries the receipt's freshness.
 """
 
 from __future__ import annotations
@@ -268,7 +270,9 @@ def check_regenerate(body: dict[str, Any], regenerate: Regenerate | None,
         return Check("regenerate", False, skipped=True, detail="regeneration not available")
     out = body.get("output")
     if out is None:
-        return Check("regenerate", False, skipped=True, detail="no output was recorded")
+        why = ("the answer was interrupted (its process died mid-answer): there is no output to compare"
+               if body.get("status") == "interrupted" else "no output was recorded")
+        return Check("regenerate", False, skipped=True, detail=why)
     got = regenerate(body)
     env = dict(current_environment or {})
     env.update(got.get("environment") or {})

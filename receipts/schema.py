@@ -17,7 +17,12 @@ Format history (``format_version``):
   ``generator.params.stop`` (stop sequences) and ``output.finish_reason`` /
   ``output.stop_sequence``.
 
-Nullability: an answer that was cancelled or failed still writes a receipt, so
+Statuses: ``ok``; ``cancelled`` (the client left, or the server shut down); ``failed``
+(generation failed after it started); ``interrupted`` (the serving process died while
+the answer generated; written at the next start from the started-answer journal,
+:mod:`receipts.journal`, with ``output`` null: nothing of the output is known).
+
+Nullability: an answer that was cancelled, failed or interrupted still has a receipt, so
 for ``status != "ok"`` every section except ``question``, ``corpus``,
 ``status`` and ``software`` may be ``null``; inside a section, fields marked
 nullable (e.g. ``timings.ttft_ms`` before a first token) may be ``null`` for
@@ -35,7 +40,7 @@ from foundation.hashing import MAX_SAFE_INTEGER
 
 FORMAT_VERSION = 2
 FORMAT_VERSIONS = (1, 2)
-STATUSES = ("ok", "cancelled", "failed")
+STATUSES = ("ok", "cancelled", "failed", "interrupted")
 PROFILE_SOURCES = ("fitted", "prior")
 CHAIN_FIELDS = ("id", "seq", "created_at", "prev_hash", "hash", "format_version")
 

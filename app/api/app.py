@@ -2,12 +2,17 @@
 
 Routers live one per resource in ``app.api.routes_*`` and each exposes
 ``router``, listed in :data:`ROUTERS`; every ``/v1`` route declares its role
-with ``require_role``.
+with ``require_role``. On start (the app's lifespan: ``ragbudget serve``, each worker
+of a server) the answers a killed process left unrecorded become ``interrupted``
+receipts (:func:`app.receipt_wiring.record_interrupted_answers`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
 
@@ -27,6 +32,7 @@ from app.api.clock import ArrivalClockMiddleware
 from app.api.errors import ERROR_RESPONSES, install_error_handlers
 from app.api.limits import BodyLimitMiddleware
 from app.pipeline import AnswerPipeline
+from app.receipt_wiring import record_interrupted_answers
 from app.services import Services
 from app.settings import Settings, get_settings
 from app.ui import register as register_console
@@ -52,7 +58,13 @@ ROUTERS: tuple[APIRouter, ...] = (
 def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
     """Build the app around one :class:`Services` (created from ``settings`` if not given)."""
     services = services or Services(settings or get_settings())
-    app = FastAPI(title="ragbudget", version="0.1.0",
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(record_interrupted_answers, services)
+        yield
+
+    app = FastAPI(title="ragbudget", version="0.1.0", lifespan=lifespan,
                   description="RAG context-budget advisor with retrieval receipts.")
     app.state.services = services
     app.state.pipeline = AnswerPipeline(services)

@@ -23,7 +23,8 @@ class ReceiptSummary(BaseModel):
 
     ``seq``: position in the hash chain (1-based, newest highest); ``id``: the receipt id;
     ``created_at``: ISO-8601 UTC time the receipt was written; ``status``: ``ok``,
-    ``cancelled`` or ``failed``; ``hash``: the receipt's ``sha256:`` hash as stored in the
+    ``cancelled``, ``failed`` or ``interrupted`` (the serving process died mid-answer;
+    recorded at its next start, no output); ``hash``: the receipt's ``sha256:`` hash as stored in the
     chain; ``question``: the question asked; ``revision``: the corpus revision the answer
     was retrieved at; ``chosen_k``: chunks placed in the prompt; ``budget_ms``: the TTFT
     budget in milliseconds; ``ttft_ms``: the measured time to first token in milliseconds
@@ -143,7 +144,7 @@ def list_(
     until: str | None = Query(None, description="ISO-8601 time, exclusive"),
     document_id: str | None = Query(None, max_length=1024, description="answers that used this document"),
     document_version: int | None = Query(None, ge=1, le=2**31 - 1),
-    status: Literal["ok", "cancelled", "failed"] | None = None,
+    status: Literal["ok", "cancelled", "failed", "interrupted"] | None = None,
     within_budget: bool | None = Query(None, description="measured TTFT within (true) or over (false) "
                                        "the budget; receipts without a TTFT match neither"),
     limit: int = Query(50, ge=1, le=1000),

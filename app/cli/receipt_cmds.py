@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from app.cli.common import add_json_flag, emit, int_in_range
+from receipts.schema import STATUSES
 
 EXIT_VERIFY_FAILED = 4
 
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ls.add_argument("--document", dest="document_id", default=None, help="answers that used this document")
     ls.add_argument("--version", dest="document_version", type=int, default=None,
                     help="with --document: only this version")
-    ls.add_argument("--status", choices=["ok", "cancelled", "failed"], default=None)
+    ls.add_argument("--status", choices=list(STATUSES), default=None)
     ls.add_argument("--within-budget", choices=["yes", "no"], default=None,
                     help="measured TTFT within (yes) or over (no) the budget")
     ls.add_argument("--limit", type=int, default=50)
@@ -70,7 +71,7 @@ def _render_list(payload: dict[str, Any]) -> str:
     for r in payload["receipts"]:
         k = "-" if r["chosen_k"] is None else r["chosen_k"]
         ttft = "-" if r["ttft_ms"] is None else f"{r['ttft_ms']:.0f} ms"
-        lines.append(f"{r['seq']:>6} {r['id']} {r['created_at']} {r['status']:<9} rev {r['revision']} "
+        lines.append(f"{r['seq']:>6} {r['id']} {r['created_at']} {r['status']:<11} rev {r['revision']} "
                      f"k={k} ttft {ttft}  {r['question'][:60]!r}")
     if payload["next_cursor"]:
         lines.append(f"more: --cursor {payload['next_cursor']}")

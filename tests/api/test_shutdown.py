@@ -1,6 +1,10 @@
-"""SIGTERM during streaming answers: the server exits within RAGBUDGET_SHUTDOWN_GRACE_S + 1 s and
-every answer that reached a client has a receipt (ok or cancelled); the chain verifies.
-The server is a subprocess (tests/api/fake_server.py); every wait is bounded."""
+"""Shutdown and crash: every answer that reached a client has a receipt and the chain verifies.
+
+SIGTERM during streaming answers: the server exits within RAGBUDGET_SHUTDOWN_GRACE_S + 1 s with
+the answers' receipts (ok or cancelled). SIGKILL during a streaming answer: nothing is written
+then, but the answer's journal row is there, and the next start records it as ``interrupted``
+(on SQLite and PostgreSQL). The server is a subprocess (tests/api/fake_server.py); every wait is
+bounded."""
 
 from __future__ import annotations
 
@@ -14,11 +18,17 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import select
 
+from app.receipt_wiring import replay_receipt
 from foundation.db import make_engine, read_session
+from latency_model.profile import Profile
+from receipts.chain import get_receipt
+from receipts.journal import pending
 from receipts.models import ReceiptRow
 from receipts.verify import verify_chain
+from tests.api.conftest import api_settings, make_services
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 2
@@ -30,24 +40,43 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_sigterm_during_three_streaming_answers_exits_within_grace_with_three_receipts(tmp_path):
-    port = _free_port()
+def _start_server(root: Path, port: int, database_url: str | None = None) -> subprocess.Popen[str]:
+    """``tests.api.fake_server`` on ``root`` (and ``database_url``), once ``/healthz`` answers 200."""
     env = {**os.environ, "RAGBUDGET_SHUTDOWN_GRACE_S": str(GRACE_S)}
     env.pop("RAGBUDGET_DATABASE_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "tests.api.fake_server", str(tmp_path), str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "tests.api.fake_server", str(root), str(port),
+                             *([database_url] if database_url else [])],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(proc.communicate()[0][-3000:])
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("server did not start: " + proc.communicate(timeout=10)[0][-3000:])
+        time.sleep(0.2)
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    """Kill ``proc`` if it still runs; its output (empty when it was read already)."""
+    if proc.poll() is None:
+        proc.kill()
+    if proc.stdout is None or proc.stdout.closed:
+        proc.wait(10)
+        return ""
+    return proc.communicate(timeout=10)[0] or ""
+
+
+def test_sigterm_during_three_streaming_answers_exits_within_grace_with_three_receipts(tmp_path):
+    port = _free_port()
+    proc = _start_server(tmp_path, port)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.2)
         got_bytes = [threading.Event() for _ in range(3)]
 
         def ask(i: int) -> None:
@@ -81,18 +110,82 @@ def test_sigterm_during_three_streaming_answers_exits_within_grace_with_three_re
         for t in threads:
             t.join(10)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=10)
+        _stop(proc)
     engine = make_engine(f"sqlite:///{tmp_path / 'api.db'}")
     try:
         with read_session(engine) as s:
             statuses = [r for (r,) in s.execute(select(ReceiptRow.status).order_by(ReceiptRow.seq))]
         assert set(statuses) <= {"ok", "cancelled"} and statuses, statuses
         assert verify_chain(engine).ok
+        assert pending(engine) == []  # each journal row went with its answer's receipt
         # The streaming answer (1000 tokens at 50 ms each) was still running at the signal and
         # the other two were waiting for the model: all three are cancelled, each with its receipt.
         assert statuses == ["cancelled"] * 3, statuses
         assert streaming.count(True) == 1
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_sigkill_during_a_streaming_answer_is_recorded_as_interrupted_at_the_next_start(
+        tmp_path: Path, request: pytest.FixtureRequest, backend: str, api_profile: Profile) -> None:
+    db_url = (f"sqlite:///{tmp_path / 'api.db'}" if backend == "sqlite"
+              else str(request.getfixturevalue("pg_url")))
+    port = _free_port()
+    proc = _start_server(tmp_path, port, db_url)
+    got_bytes, question = threading.Event(), "what colour is the pump"
+
+    def ask() -> None:
+        body = {"question": question, "ttft_budget_ms": 60_000, "stream": True, "max_new_tokens": 1000}
+        try:
+            with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/answer", json=body,
+                              timeout=httpx.Timeout(10.0, read=60.0)) as r:
+                for _ in r.iter_bytes():
+                    got_bytes.set()
+        except httpx.HTTPError:
+            pass
+
+    client = threading.Thread(target=ask, daemon=True)
+    try:
+        client.start()
+        assert got_bytes.wait(30), "the answer did not start streaming"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        client.join(10)
+    finally:
+        _stop(proc)
+    engine = make_engine(db_url)
+    try:
+        with read_session(engine) as s:
+            assert s.scalars(select(ReceiptRow.id)).all() == []  # SIGKILL: nothing written then
+        [entry] = pending(engine)
+        assert entry.pid == proc.pid
+        restarted = _start_server(tmp_path, _free_port(), db_url)  # its start records the answer
+        _stop(restarted)
+        with read_session(engine) as s:
+            rows = s.execute(select(ReceiptRow.id, ReceiptRow.status)).all()
+        assert [tuple(r) for r in rows] == [(entry.id, "interrupted")]
+        assert pending(engine) == []
+        body = get_receipt(engine, entry.id)
+        assert body["question"] == question and body["output"] is None
+        assert body["error"]["code"] == "interrupted" and body["extra"]["interrupted"]["pid"] == proc.pid
+        assert body["candidates"] and body["prompt"]["prompt_tokens"] > 0
+        assert verify_chain(engine).ok
+    finally:
+        engine.dispose()
+    # Replay shows what the model was shown; there is no output to compare.
+    services = make_services(api_settings(tmp_path, database_url=db_url, auth_enabled=False), api_profile)
+    try:
+        report = replay_receipt(services, entry.id, regenerate=True)
+    finally:
+        services.close()
+    statuses = {c.name: c.status for c in report.checks}
+    assert report.ok and statuses == {"receipt_hash": "ok", "chain_link": "ok", "corpus_root": "ok",
+                                      "retrieval": "ok", "embedder": "ok", "stored_chunks": "ok",
+                                      "prompt": "ok", "regenerate": "skipped"}, report.render()
+    assert "no output to compare" in report.check("regenerate").detail
+    env = {**os.environ, "RAGBUDGET_DATABASE_URL": db_url, "RAGBUDGET_DATA_DIR": str(tmp_path / "data")}
+    cli = Path(sys.executable).with_name("ragbudget")
+    verify = subprocess.run([str(cli), "receipts", "verify"], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
