@@ -18,12 +18,14 @@ row's deletion together, or neither). The rule "gone": the row's host is this
 host and no process with its pid, boot id and start time runs. Rows of live
 processes (other workers of the same server, a running ``ragbudget ask``) are
 left alone; so are rows of other hosts, which only a start on their own host
-recovers (a host that never comes back leaves its rows; docs/receipts.md).
+recovers, or an operator who names the host as gone for good (``ragbudget receipts
+recover --host-gone HOST``; docs/receipts.md).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,19 +105,28 @@ def interrupted_body(stored: dict[str, Any], entry: JournalEntry,
     return body
 
 
-def recover_interrupted(engine: Engine) -> list[StoredReceipt]:
+def recover_interrupted(engine: Engine, *, hosts_gone: Collection[str] = ()) -> list[StoredReceipt]:
     """Append an ``interrupted`` receipt for every journal row whose process is gone.
 
-    One write transaction per row under ``WriterLock.RECEIPTS``: the row is read again
-    under the lock (another process may have recovered it meanwhile), its receipt is
-    appended with the row's receipt id and the row deleted, together. A row whose
+    Gone: a process of this host that no longer runs (:func:`foundation.processes.owner_gone`),
+    or any process of a host in ``hosts_gone`` (hosts an operator knows to be down for good;
+    ``ragbudget receipts recover --host-gone``). One write transaction per row under
+    ``WriterLock.RECEIPTS``: the row is read again under the lock (another process may
+    have recovered it meanwhile), its receipt is appended with the row's receipt id and
+    the row deleted, together. A row whose
     receipt id is already in the chain is only deleted. A row whose body no longer
     validates is logged and left. Returns the receipts appended, in order.
+
+    Raises:
+        InvalidInput: ``hosts_gone`` names this host.
     """
     me = current_process()
+    if me.host in hosts_gone:
+        raise InvalidInput(f"{me.host!r} is this host: its rows are judged by their processes, "
+                           "never declared gone", field="hosts_gone")
     appended: list[StoredReceipt] = []
     for entry in pending(engine):
-        if not owner_gone(entry.host, entry.pid, entry.process):
+        if entry.host not in hosts_gone and not owner_gone(entry.host, entry.pid, entry.process):
             continue
         try:
             with write_transaction(engine, WriterLock.RECEIPTS) as session:

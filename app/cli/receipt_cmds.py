@@ -1,4 +1,4 @@
-"""``ragbudget receipts verify|list|show`` and ``ragbudget replay ID [--regenerate]``.
+"""``ragbudget receipts verify|list|show|recover`` and ``ragbudget replay ID [--regenerate]``.
 
 Exit codes: 0 when everything verifies; 4 when ``verify`` finds a problem or a
 replay check fails (the code ``app.cli.common`` gives verification failures).
@@ -16,7 +16,7 @@ EXIT_VERIFY_FAILED = 4
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``receipts verify|list|show`` and ``replay`` to the top-level subparsers ``sub``."""
+    """Add ``receipts verify|list|show|recover`` and ``replay`` to the top-level subparsers ``sub``."""
     r = sub.add_parser("receipts", help="audit the receipt chain")
     rsub = r.add_subparsers(dest="receipts_command", metavar="ACTION")
     rsub.required = True
@@ -47,6 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     sh.add_argument("receipt_id")
     add_json_flag(sh)
     sh.set_defaults(func=cmd_show)
+
+    rc = rsub.add_parser("recover", help="record answers whose process died mid-answer as interrupted "
+                         "(done at every server start)")
+    rc.add_argument("--host-gone", action="append", default=[], metavar="HOST",
+                    help="also record the rows of HOST, a host known to be down for good (repeatable)")
+    add_json_flag(rc)
+    rc.set_defaults(func=cmd_recover)
 
     rp = sub.add_parser("replay", help="verify a receipt and rebuild exactly what the model was shown")
     rp.add_argument("receipt_id")
@@ -121,3 +128,24 @@ def cmd_replay(args: argparse.Namespace, services: Any) -> int:
     report = replay_receipt(services, args.receipt_id, regenerate=args.regenerate)
     emit(args, report.to_dict(), lambda _p: report.render())
     return 0 if report.ok else EXIT_VERIFY_FAILED
+
+
+def cmd_recover(args: argparse.Namespace, services: Any) -> int:
+    """``ragbudget receipts recover``: append an ``interrupted`` receipt for every started answer
+    whose process is gone (:func:`receipts.journal.recover_interrupted`; the API does this at
+    start), and list the journal rows left (answers in flight, rows of other hosts). Returns 0;
+    naming this host with ``--host-gone`` raises InvalidInput (exit 2)."""
+    from receipts.journal import pending, recover_interrupted
+
+    recorded = recover_interrupted(services.engine, hosts_gone=frozenset(args.host_gone))
+    left = pending(services.engine)
+    data = {"recorded": [r.to_dict() for r in recorded],
+            "left": [{"id": e.id, "started_at": e.created_at, "host": e.host, "pid": e.pid} for e in left]}
+    lines = [f"recorded {len(recorded)} interrupted answer{'' if len(recorded) == 1 else 's'}"]
+    lines += [f"  {r.seq:>6} {r.id}" for r in recorded]
+    if left:
+        lines.append(f"{len(left)} started answer{'' if len(left) == 1 else 's'} left (process running, "
+                     "or on another host):")
+        lines += [f"  {e.id} started {e.created_at} pid {e.pid} on {e.host}" for e in left]
+    emit(args, data, lambda _data: "\n".join(lines))
+    return 0

@@ -4,6 +4,7 @@ PostgreSQL: the ``engine`` fixture)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -122,3 +123,29 @@ def test_a_journal_body_has_status_interrupted_and_no_output(engine):
 def test_replay_of_an_interrupted_receipt_says_there_is_no_output_to_compare():
     check = check_regenerate(started(), regenerate=lambda _b: {}, current_environment=None)
     assert check.skipped and "no output to compare" in check.detail
+
+
+def test_rows_of_a_host_declared_gone_are_recorded_and_this_host_cannot_be_declared_gone(engine):
+    rid = new_receipt_id()
+    open_entry(engine, rid, started(), owner=ProcessIdentity("retired-host", 4242, "boot/1"))
+    assert recover_interrupted(engine) == []
+    with pytest.raises(InvalidInput):
+        recover_interrupted(engine, hosts_gone={current_process().host})
+    assert [s.id for s in recover_interrupted(engine, hosts_gone={"retired-host"})] == [rid]
+
+
+def test_receipts_recover_command_records_dead_rows_and_lists_the_rest(engine, settings, dead, monkeypatch,
+                                                                       capsys):
+    from app.cli.main import main
+
+    monkeypatch.setenv("RAGBUDGET_DATA_DIR", str(settings.data_dir))
+    monkeypatch.setenv("RAGBUDGET_DATABASE_URL", settings.resolved_database_url)
+    monkeypatch.setenv("RAGBUDGET_AUTH_ENABLED", "false")
+    cut, live = new_receipt_id(), new_receipt_id()
+    open_entry(engine, cut, started(), owner=dead)
+    open_entry(engine, live, started())
+    assert main(["receipts", "recover", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in out["recorded"]] == [cut] and [e["id"] for e in out["left"]] == [live]
+    assert main(["receipts", "list", "--status", "interrupted", "--json"]) == 0
+    assert cut in capsys.readouterr().out
