@@ -78,6 +78,7 @@ def run_server(app: Any, settings: Any, host: str, port: int) -> None:
 
     import uvicorn
 
+    from app.api.http_protocol import EnvelopeH11Protocol
     from app.api.streaming import finish_answers
 
     # uvicorn restores the handlers it found and raises the captured signal again once it has
@@ -91,7 +92,7 @@ def run_server(app: Any, settings: Any, host: str, port: int) -> None:
     previous = ({sig: signal.signal(sig, lambda sig, _frame: received.append(sig)) for sig in handled}
                 if main_thread else {})
     try:
-        uvicorn.run(app, host=host, port=port, log_level="info",
+        uvicorn.run(app, host=host, port=port, log_level="info", http=EnvelopeH11Protocol,
                     timeout_graceful_shutdown=int(settings.shutdown_grace_s))
         left = finish_answers(RECEIPT_WAIT_S)
         if left:
