@@ -58,15 +58,9 @@ RECALL_TOL, MRR_TOL = 0.005, 0.01
 
 def machine() -> dict[str, Any]:
     """CPU model, cores and the load average now."""
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "loadavg": list(os.getloadavg())}
+    from foundation.machine import cpu_model
+
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "loadavg": list(os.getloadavg())}
 
 
 def rss_kib() -> int:

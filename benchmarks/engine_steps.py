@@ -13,11 +13,11 @@ Prints medians in ms and the ratio to transformers.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 from pathlib import Path
 
+from foundation.machine import cpu_model
 from generation.assets import ensure_packaged_generator
 from generation.base import GenParams
 from generation.local import LocalGenerator
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = ensure_packaged_generator(Path(a.data_dir))
     gen = LocalGenerator(model_dir, threads=a.threads)
     hf = AutoModelForCausalLM.from_pretrained(str(model_dir), attn_implementation="sdpa").eval()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cpus, "
           f"load {os.getloadavg()[0]:.2f}; torch {torch.__version__}, threads {a.threads}")
     for n in lengths:
         ids = gen._synthetic_ids(n)

@@ -38,6 +38,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from foundation.machine import cpu_model  # noqa: E402
+
 TOPICS = ["inspection", "valve", "filter", "alarm", "pressure", "bearing", "backwash", "odour", "gauge"]
 
 
@@ -47,12 +49,6 @@ def chunk_text(i: int) -> str:
             "start of the shift, compares them with the previous week, and writes down any change larger "
             "than five percent together with the time, the station and the action taken. ") * 2
 
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def run_once(gen: Any, prompt: Any, tokens: int) -> dict[str, Any]:

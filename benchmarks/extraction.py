@@ -52,7 +52,6 @@ import argparse
 import importlib
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -75,14 +74,10 @@ _WS = re.compile(r"\s+")
 
 
 def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo and the number of cores."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    """The CPU model name and the number of cores."""
+    from foundation.machine import cpu_model as model
+
+    return f"{model()}, {os.cpu_count()} cores"
 
 
 def _norm(text: str) -> str:

@@ -10,21 +10,11 @@ deep-copied before each use (transformers 5: the forward kwarg is ``cache=``).
 from __future__ import annotations
 
 import copy
-import platform
 import time
 from pathlib import Path
 from typing import Any
 
-
-def cpu_name() -> str:
-    """The CPU model name from /proc/cpuinfo (falls back to ``platform.processor()``)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown cpu"
+from foundation.machine import cpu_model
 
 
 class HFPrefillTimer:
@@ -47,7 +37,7 @@ class HFPrefillTimer:
         gen = torch.Generator().manual_seed(seed)
         self.ids = torch.randint(100, cfg.vocab_size - 100, (1, self.context_window + 1),
                                  generator=gen).to(device)
-        device_name = torch.cuda.get_device_name(0) if device.startswith("cuda") else cpu_name()
+        device_name = torch.cuda.get_device_name(0) if device.startswith("cuda") else cpu_model()
         self.identity: dict[str, Any] = {
             "device": device, "device_name": device_name,
             "model_id": str(getattr(cfg, "_name_or_path", "") or Path(model_dir).name),

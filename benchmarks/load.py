@@ -244,14 +244,14 @@ def _build(auth: bool = False) -> tuple[Any, Any, list[str]]:
 
 
 def _header(services: Any, app: Any) -> dict[str, Any]:
-    import platform
+    from foundation.machine import cpu_model
 
     prof = app.state.pipeline.profile()
     return {"kind": "run", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "profile": prof.id, "profile_source": prof.source,
             "model": services.generator.identity.get("model_id"),
             "threads": services.generator.identity.get("threads"),
-            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "cpu": cpu_model(), "cores": os.cpu_count(),
             "loadavg": os.getloadavg()}
 
 

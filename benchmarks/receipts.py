@@ -48,6 +48,7 @@ from app.db import open_database  # noqa: E402
 from app.settings import get_settings  # noqa: E402
 from foundation.db import WriterLock, write_transaction  # noqa: E402
 from foundation.hashing import sha256_ints, sha256_text  # noqa: E402
+from foundation.machine import cpu_model  # noqa: E402
 from receipts.canonical import canonical_body, receipt_hash  # noqa: E402
 from receipts.chain import GENESIS, append_receipt  # noqa: E402
 from receipts.models import ReceiptDocument, ReceiptRow  # noqa: E402
@@ -180,16 +181,6 @@ def bench_replay(root: Path, n: int) -> dict[str, Any]:
     return {"replays": n, "all_ok": ok, "median_ms": round(statistics.median(times), 3),
             "p95_ms": round(times[int(0.95 * (n - 1))], 3)}
 
-
-def cpu_model() -> str:
-    """The CPU model from /proc/cpuinfo (else the platform's machine name)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def main() -> None:
