@@ -80,3 +80,12 @@ def engine(settings: Settings) -> Iterator[Engine]:
     eng = open_database(settings)
     yield eng
     eng.dispose()
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run ``ragbudget *argv`` in process; ``(exit code, stdout, stderr)``."""
+    from app.cli.main import main
+
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err

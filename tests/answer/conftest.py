@@ -161,6 +161,17 @@ def live_server(answer_app: Any) -> Iterator[LiveServer]:
     thread.join(15)
 
 
+@pytest.fixture(scope="module")
+def client(live_server: LiveServer) -> Iterator[Any]:
+    """An ``openai`` 2.x client on the live server's ``/v1`` (auth is off; no retries)."""
+    from openai import OpenAI
+
+    c = OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused-auth-disabled", max_retries=0,
+               timeout=120)
+    yield c
+    c.close()
+
+
 def receipt_body(services: Any, receipt_id: str) -> dict[str, Any]:
     """The stored receipt body of ``receipt_id``."""
     from receipts.chain import get_receipt

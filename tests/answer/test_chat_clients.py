@@ -23,16 +23,6 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 24
 
 
-@pytest.fixture(scope="module")
-def client(live_server: Any) -> Any:
-    from openai import OpenAI
-
-    c = OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused-auth-disabled", max_retries=0,
-               timeout=120)
-    yield c
-    c.close()
-
-
 def _case(name: str) -> dict[str, Any]:
     return dict(json.loads((CASES / "openai" / name).read_text()))
 

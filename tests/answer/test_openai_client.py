@@ -13,16 +13,6 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 8
 
 
-@pytest.fixture(scope="module")
-def client(live_server: Any) -> Any:
-    from openai import OpenAI
-
-    c = OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused-auth-disabled", max_retries=0,
-               timeout=120)
-    yield c
-    c.close()
-
-
 def _create(client: Any, **kw: Any) -> Any:
     return client.chat.completions.create(
         model="ragbudget", max_tokens=MAX_TOKENS,

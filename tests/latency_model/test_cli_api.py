@@ -11,11 +11,11 @@ from sqlalchemy import Engine
 
 from app.api.app import create_app
 from app.auth import create_key
-from app.cli.main import main
 from app.profile_store import save_profile
 from app.services import Services
 from app.settings import Settings, get_settings
 from latency_model.profile import Profile
+from tests.conftest import run_cli
 from tests.latency_model.test_profile_store import FakeGenerator
 
 
@@ -29,10 +29,7 @@ def fake_env(engine: Engine, settings: Settings, monkeypatch: pytest.MonkeyPatch
     return fake
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
+_run = run_cli
 
 
 def test_calibrate_quick_json_fits_and_saves_a_profile(fake_env: FakeGenerator, settings: Settings,

@@ -11,9 +11,9 @@ from sqlalchemy import Engine
 
 from app.api.app import create_app
 from app.auth import create_key
-from app.cli.main import main
 from app.services import Services
 from app.settings import Settings, get_settings
+from tests.conftest import run_cli
 from tests.retrieval.corpus import FixtureCorpus
 from tests.retrieval.fakes import HashingEmbedder
 
@@ -34,10 +34,7 @@ def stored(engine: Engine, settings: Settings, monkeypatch: pytest.MonkeyPatch) 
     return fake
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
+_run = run_cli
 
 
 def test_cli_retrieve_json_gives_ranked_hits_at_the_pinned_revision(
