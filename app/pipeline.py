@@ -245,11 +245,29 @@ class AnswerPipeline:
         return current_profile(self.services)
 
     def planner_profile(self, profile: Profile) -> tuple[PrefillBand, CorrectionState | None]:
-        """The profile plans use: under its online correction when that is on (and its state)."""
-        if not self.online_correction:
-            return profile, None
-        corrected = CorrectedProfile(profile, self.corrections.get(profile.id))
-        return corrected, corrected.state
+        """The profile plans use: under its online correction when that is on (and its state),
+        and, when the local engine is running other answers and the profile has a mixed-step
+        model, with the time those answers' steps add (:class:`latency_model.step_model.BatchedBand`)."""
+        band: PrefillBand = profile
+        state: CorrectionState | None = None
+        if self.online_correction:
+            corrected = CorrectedProfile(profile, self.corrections.get(profile.id))
+            band, state = corrected, corrected.state
+        return self._batched(band, profile), state
+
+    def _batched(self, band: PrefillBand, profile: Profile) -> PrefillBand:
+        """``band`` under the running batch's added step time, when there is one to model."""
+        from latency_model.step_model import BatchedBand
+
+        engine = getattr(self.services.generator, "engine", None)
+        chunk = getattr(self.services.generator, "prefill_chunk", None)
+        fit = profile.step_fit
+        if fit is None or engine is None or not hasattr(engine, "batch_snapshot") or not chunk:
+            return band
+        decoding, prefilling = engine.batch_snapshot()
+        if not decoding and not prefilling:
+            return band
+        return BatchedBand(band, fit, int(chunk), decoding, prefilling)
 
     def correction_state(self, profile_id: str) -> CorrectionState:
         """The online correction of ``profile_id`` as it stands (empty when never fed)."""
@@ -552,9 +570,10 @@ class AnswerPipeline:
         from app.profile_store import save_correction_state
 
         prompt, cached = int(stats.prompt_tokens), int(stats.cached_tokens or 0)
-        fitted_p50 = p.profile.predict_ttft_ms(prompt, cached)[0]
+        prefix = min(int(p.prompt.scaffold_len), prompt)  # the engine chunks at the scaffold either way
+        fitted_p50 = p.profile.predict_ttft_ms(prompt, cached, max(prefix, cached))[0]
         band = p.planner_profile if p.planner_profile is not None else p.profile
-        p95_now = float(band.predict_ttft_many([prompt], [cached])[1][0])
+        p95_now = float(band.predict_ttft_many([prompt], [cached], [max(prefix, cached)])[1][0])
         correction = self.corrections.get(p.profile.id)
         correction.observe(fitted_p50, prefill_ms, p95_now)
         state = correction.state()

@@ -9,12 +9,31 @@ median of ``--repeats`` interleaved runs. The predicted saving is
 without one, the roofline prior (labelled ``prior``); ``-`` when neither loads.
 
     python benchmarks/prefix_cache.py --threads 1 --repeats 3
+
+``--engine`` measures the engine path instead, through ``LocalGenerator.prefill_ms``
+(one answer alone, cache copy + chunked prefill + first token): at each prompt
+length (``--lengths``) a cache hit on the app's scaffold (``(n, P)``), a miss on
+it (``(n, 0, prefix_tokens=P)``: the scaffold in its own chunk, then the rest, as
+an answer without a cached scaffold runs) and, with ``--plain``, a prompt without
+a scaffold (``(n, 0)``), interleaved: every repeat visits the lengths in a rotated
+order and the paths in a rotated order, back to back. Medians over ``--repeats``;
+the saving is the median of the paired differences. The predicted
+saving is ``p50(n, 0, prefix=P) - p50(n, P)`` from ``--profile``, or from a quick
+calibration run in the same process first (``--calibrate``: the same
+``latency_model.calibration.calibrate`` on the same ``quick_grid`` as
+``ragbudget calibrate --quick``, scaffold ``P``; ``--save-profile`` keeps it).
+
+    python benchmarks/prefix_cache.py --engine --calibrate --repeats 5 --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +75,104 @@ def ttft_ms(gen: LocalGenerator, ids: list[int], prefix: list[int] | None) -> fl
     return gen.last_stats.prefill_ms
 
 
+def machine() -> dict[str, Any]:
+    """CPU model (``/proc/cpuinfo``), load averages and the UTC time now."""
+    cpu = "?"
+    with contextlib.suppress(OSError, StopIteration):
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    return {"cpu": cpu, "loadavg": list(os.getloadavg()),
+            "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+
+
+def engine_rows(gen: LocalGenerator, lengths: list[int], scaffold: int, repeats: int,
+                model: Any, plain: bool = False) -> list[dict[str, Any]]:
+    """Hit / miss (/ no-scaffold with ``plain``) prefill medians (ms) per length, interleaved,
+    with the predicted saving of a hit over a miss (``model``: a profile, or None).
+
+    ``saving_ms`` is the median of the paired differences ``miss - hit`` (the two measured
+    back to back in each repeat, so a slow drift of the machine cancels), with their
+    quartiles; ``never_slower`` is that median ``>= 0``."""
+    paths = {"hit": (scaffold, None), "miss": (0, scaffold)}
+    if plain:
+        paths["plain"] = (0, None)
+    times: dict[tuple[int, str], list[float]] = {(n, k): [] for n in lengths for k in paths}
+    names = list(paths)
+    for n in lengths:  # warm-up: one of each path per length (first-touch allocations)
+        for k in names:
+            gen.prefill_ms(n, paths[k][0], prefix_tokens=paths[k][1])
+    for r in range(repeats):
+        order = lengths[r % len(lengths):] + lengths[:r % len(lengths)]
+        for i, n in enumerate(order):
+            rot = (r + i) % len(names)
+            for k in names[rot:] + names[:rot]:
+                times[(n, k)].append(gen.prefill_ms(n, paths[k][0], prefix_tokens=paths[k][1]))
+    rows = []
+    for n in lengths:
+        med = {k: statistics.median(times[(n, k)]) for k in names}
+        diffs = [m - h for m, h in zip(times[(n, "miss")], times[(n, "hit")], strict=True)]
+        q1, _, q3 = statistics.quantiles(diffs, n=4) if len(diffs) > 1 else (diffs[0],) * 3
+        row: dict[str, Any] = {"prompt_tokens": n, "scaffold_tokens": scaffold,
+                               **{f"{k}_ms": med[k] for k in names},
+                               "samples": {k: times[(n, k)] for k in names},
+                               "saving_ms": statistics.median(diffs), "saving_q1_ms": q1, "saving_q3_ms": q3,
+                               "never_slower": statistics.median(diffs) >= 0}
+        if plain:
+            row["saving_vs_plain_ms"] = med["plain"] - med["hit"]
+        if model is not None:
+            miss = model.predict_ttft_ms(n, 0, scaffold)[0]
+            hit = model.predict_ttft_ms(n, scaffold)[0]
+            row["predicted_saving_ms"] = miss - hit
+            row["predicted_hit_ms"], row["predicted_miss_ms"] = hit, miss
+            row["saving_error"] = (miss - hit) / row["saving_ms"] - 1.0 if row["saving_ms"] > 0 else None
+        rows.append(row)
+    return rows
+
+
+def engine_main(args: argparse.Namespace, gen: LocalGenerator, builder: PromptBuilder) -> None:
+    scaffold = args.scaffold or len(builder.scaffold_ids(DEFAULT_SCAFFOLD_TEXT))
+    before = machine()
+    model, source = None, "-"
+    if args.profile:
+        model, source = predictor(args, gen)
+    elif args.calibrate:
+        from latency_model.calibration import calibrate, engine_chunk_tokens, quick_grid
+
+        grid = quick_grid(gen.context_window, [scaffold], engine_chunk_tokens(dict(gen.identity)))
+        t0 = time.perf_counter()
+        model = calibrate(gen, grid=grid, seed=args.seed, progress=False)
+        source = f"quick calibration in this run ({time.perf_counter() - t0:.0f} s)"
+        if args.save_profile:
+            Path(args.save_profile).write_text(model.to_json())
+    lengths = [int(x) for x in args.lengths.split(",")]
+    rows = engine_rows(gen, lengths, scaffold, args.repeats, model, args.plain)
+    after = machine()
+    ident = gen.identity
+    print(f"# {ident['model_id']} {ident['device_name']} {ident['dtype']} threads={ident['threads']} "
+          f"chunk={gen.prefill_chunk} scaffold={scaffold} repeats={args.repeats} prediction={source}")
+    print(f"# start {before['utc']} UTC load {before['loadavg']}; "
+          f"end {after['utc']} UTC load {after['loadavg']}")
+    if model is not None and hasattr(model, "prefill_model"):
+        print(f"# profile {model.id[:19]} form {model.prefill_model} {model.prefill_coefficients} "
+              f"comparison {model.form_comparison}")
+    print("| prompt | hit ms | miss ms | saving ms (median of paired miss - hit) | quartiles ms "
+          "| predicted saving ms | error |" + (" no scaffold ms |" if args.plain else ""))
+    print("|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if args.plain else ""))
+    for r in rows:
+        err = r.get("saving_error")
+        print(f"| {r['prompt_tokens']} | {r['hit_ms']:.1f} | {r['miss_ms']:.1f} | {r['saving_ms']:.1f} "
+              f"| {r['saving_q1_ms']:.0f} .. {r['saving_q3_ms']:.0f} "
+              f"| {r.get('predicted_saving_ms', float('nan')):.1f} "
+              f"| {'-' if err is None else f'{100 * err:+.1f} %'} |"
+              + (f" {r['plain_ms']:.1f} |" if args.plain else ""))
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "identity": ident, "before": before, "after": after, "prediction": source,
+            "profile": (None if model is None or not hasattr(model, "to_json")
+                        else json.loads(model.to_json())),
+            "rows": rows}, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-dir", default=None, help="HF model dir (default: packaged SmolLM2)")
@@ -66,6 +183,14 @@ def main() -> None:
     ap.add_argument("--scaffold-tokens", default="80,256,768")
     ap.add_argument("--context-tokens", default="128,512")
     ap.add_argument("--profile", default=None, help="latency profile JSON for the predicted column")
+    ap.add_argument("--engine", action="store_true", help="hit/miss/no-scaffold through prefill_ms")
+    ap.add_argument("--lengths", default="100,200,300,500,700,1100,1500,2000")
+    ap.add_argument("--scaffold", type=int, default=0, help="scaffold tokens (default: the app's)")
+    ap.add_argument("--calibrate", action="store_true", help="fit a quick profile first (--engine)")
+    ap.add_argument("--plain", action="store_true", help="also time the prompt without a scaffold (--engine)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save-profile", default=None)
+    ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
     from generation.assets import ensure_packaged_generator
@@ -73,6 +198,9 @@ def main() -> None:
     model_dir = Path(args.model_dir) if args.model_dir else ensure_packaged_generator(Path(args.data_dir))
     gen = LocalGenerator(model_dir, device=args.device, threads=args.threads)
     builder = PromptBuilder.for_generator(gen)
+    if args.engine:
+        engine_main(args, gen, builder)
+        return
     model, source = predictor(args, gen)
     ident = gen.identity
     print(f"# {ident['model_id']} {ident['device_name']} {ident['dtype']} threads={ident['threads']} "

@@ -33,6 +33,7 @@ from generation.scheduler import (
     MIN_ROWS,
     ROW_MULTIPLE,
     Engine,
+    SeqKV,
     Sequence,
     register_packed_attention,
 )
@@ -223,24 +224,34 @@ class LocalGenerator:
                 self.engine.run_alone(self._sequence(ids, len(ids), GenParams(max_new_tokens=1)))
         return (time.perf_counter() - t0) * 1000.0
 
-    def prefill_ms(self, prompt_tokens: int, cached_tokens: int) -> float:
+    def prefill_ms(self, prompt_tokens: int, cached_tokens: int, *,
+                   prefix_tokens: int | None = None) -> float:
         """Time the engine's prefill of one answer alone: cache copy + chunked prefill + first token, ms.
 
-        The ``cached_tokens`` prefix is computed first, untimed, and kept out of the LRU.
-        CUDA work is synchronised before and after the timed section.
+        ``prefix_tokens`` is the scaffold boundary the engine chunks at (default
+        ``cached_tokens``): ``(n, 0, prefix_tokens=P)`` times a cache miss on a ``P``-token
+        scaffold (the scaffold in its own chunks, then the rest, its KV stored for the next
+        request, as an answer does), ``(n, P)`` a hit. A cached prefix is computed first,
+        untimed, and kept out of the LRU. CUDA work is synchronised before and after the
+        timed section.
 
         Raises:
-            InvalidInput: not ``0 <= cached_tokens <= prompt_tokens < context_window``.
+            InvalidInput: not ``0 <= cached_tokens <= prompt_tokens < context_window``, or a
+                ``prefix_tokens`` that is neither ``cached_tokens`` nor, with nothing cached,
+                at most ``prompt_tokens``.
         """
         if not 0 <= cached_tokens <= prompt_tokens or not 1 <= prompt_tokens < self.context_window:
             raise InvalidInput(f"bad prefill shape n={prompt_tokens} c={cached_tokens}")
+        prefix = cached_tokens if prefix_tokens is None else int(prefix_tokens)
+        if prefix != cached_tokens and (cached_tokens or not 0 <= prefix <= prompt_tokens):
+            raise InvalidInput(f"bad prefix boundary {prefix} for n={prompt_tokens} c={cached_tokens}")
         ids = self._synthetic_ids(prompt_tokens)
         with self._lock:
             detached: dict[str, Any] = {}
             if cached_tokens:
                 seq = self._sequence(ids[:cached_tokens], cached_tokens, GenParams(max_new_tokens=1))
                 self._run_detached(seq, detached)
-            seq = self._sequence(ids, cached_tokens, GenParams(max_new_tokens=1))
+            seq = self._sequence(ids, prefix, GenParams(max_new_tokens=1))
             self._sync()
             t0 = time.perf_counter()
             self._run_detached(seq, detached)
@@ -262,6 +273,62 @@ class LocalGenerator:
             self._sync()
             t0 = time.perf_counter()
             self.engine._step([seq])
+            self._sync()
+            return (time.perf_counter() - t0) * 1000.0
+
+    def step_ms(self, prefill_tokens: int, prefill_pos: int, decode_contexts: list[int],
+                prefill_needs_logits: bool = True) -> float:
+        """Time one engine step of a mixed batch, ms: one prefill chunk of ``prefill_tokens`` at
+        positions ``[prefill_pos, prefill_pos + prefill_tokens)`` (0: none) plus one decode token
+        for each context length in ``decode_contexts`` (at most ``max_running`` of them).
+
+        The answers' KV buffers are stand-ins (allocated, zeroed, untimed): a step's time
+        depends on the shapes, not on the values. ``prefill_needs_logits`` False makes the
+        chunk one that does not end its prompt (no LM-head row for it), as a step that
+        prefills the middle of a prompt is. CUDA work is synchronised around the step.
+
+        Raises:
+            InvalidInput: negative counts, an empty step, more decode answers than
+                ``max_running``, or a position past the context window.
+        """
+        ctxs = [int(x) for x in decode_contexts]
+        if prefill_tokens < 0 or prefill_pos < 0 or any(x < 1 for x in ctxs):
+            raise InvalidInput("step shape counts must be >= 0 (decode contexts >= 1)")
+        if not prefill_tokens and not ctxs:
+            raise InvalidInput("a step carries at least one token")
+        if len(ctxs) > self.max_running:
+            raise InvalidInput(f"{len(ctxs)} decode answers exceed max_running={self.max_running}")
+        if max([prefill_pos + prefill_tokens + 1, *(x + 1 for x in ctxs)]) >= self.context_window:
+            raise InvalidInput("step shape past the context window")
+        c = self.config
+        heads = int(c.num_attention_heads)
+        kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
+        dtype = next(self.model.parameters()).dtype
+        tok = self._synthetic_ids(1)[0]
+        seqs: list[Sequence] = []
+
+        def stand_in(prompt_len: int, pos: int, chunk: int) -> Sequence:
+            seq = self._sequence(self._synthetic_ids(prompt_len), 0, GenParams(max_new_tokens=2),
+                                 chunk=chunk, eos=frozenset())
+            seq.kv = SeqKV(prompt_len + 3)
+            seq.kv.allocate(int(c.num_hidden_layers), kv_heads, head_dim, dtype, self.device)
+            seq.pos, seq.admitted_t = pos, time.perf_counter()
+            return seq
+
+        for x in ctxs:
+            seq = stand_in(x, x, 1)
+            seq.next_tok = tok
+            seqs.append(seq)
+        if prefill_tokens:
+            end = prefill_pos + prefill_tokens
+            seqs.append(stand_in(end + (0 if prefill_needs_logits else 1), prefill_pos, prefill_tokens))
+        engine = Engine(self.model, self.device, self._lock, lambda ids: None, lambda *a: None,
+                        max(1, len(seqs)), 1 << 30, self.fixed_rows)
+        with self._lock:
+            self._sync()
+            t0 = time.perf_counter()
+            engine._step(seqs)
             self._sync()
             return (time.perf_counter() - t0) * 1000.0
 

@@ -85,6 +85,15 @@ class SeqKV:
             self.v[layer] = torch.zeros(shape, dtype=like.dtype, device=like.device)
         return kb, self.v[layer]
 
+    def allocate(self, layers: int, kv_heads: int, head_dim: int, dtype: Any, device: Any) -> None:
+        """Allocate every layer's (zeroed) buffers now, ``(capacity, kv_heads, head_dim)`` each, so
+        a timed step does not pay for them (step calibration runs on such stand-in caches)."""
+        import torch
+
+        for layer in range(layers):
+            self.k[layer] = torch.zeros((self.capacity, kv_heads, head_dim), dtype=dtype, device=device)
+            self.v[layer] = torch.zeros_like(self.k[layer])
+
     def load_prefix(self, prefix: dict[int, tuple[Any, Any]]) -> None:
         """Copy a stored prefix (layer -> (K, V) of shape ``(P, H, D)``) into the buffers."""
         import torch
@@ -286,6 +295,16 @@ class Engine:
         """Answers admitted to the engine now (prefilling or decoding)."""
         with self._cond:
             return len(self._running)
+
+    def batch_snapshot(self) -> tuple[list[int], list[tuple[int, int]]]:
+        """What a new answer would share steps with, now: the context length (tokens in its KV)
+        of each running answer that is decoding, and ``(prompt tokens left, next position)``
+        of each answer admitted or waiting that is still prefilling, in admission order (a
+        waiting answer's cached scaffold is not known yet: it counts from position 0)."""
+        with self._cond:
+            seqs = [s for s in [*self._running, *self._waiting] if not s.done]
+            return ([s.pos for s in seqs if not s.in_prefill()],
+                    [(len(s.prompt) - s.pos, s.pos) for s in seqs if s.in_prefill()])
 
     def run_alone(self, seq: Sequence, *, decode_steps: int = 0) -> None:
         """Drive ``seq`` synchronously (caller holds the model lock) until its first token, plus

@@ -17,7 +17,7 @@ import random
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -67,6 +67,23 @@ class PrefillTimer(Protocol):
         ...
 
 
+@runtime_checkable
+class StepTimer(Protocol):
+    """What mixed-step calibration needs from a generator that batches answers.
+
+    ``max_running``: decode answers one step may carry at most.
+    ``step_ms(prefill_tokens, prefill_pos, decode_contexts, prefill_needs_logits)``: wall ms of
+    one engine step carrying a prefill chunk (0 tokens: none) and one decode token per context.
+    """
+
+    max_running: int
+
+    def step_ms(self, prefill_tokens: int, prefill_pos: int, decode_contexts: list[int],
+                prefill_needs_logits: bool = True) -> float:
+        """Wall ms of one engine step of that shape."""
+        ...
+
+
 @dataclass(frozen=True)
 class CalibrationGrid:
     """What to measure. Token counts in tokens.
@@ -88,6 +105,10 @@ class CalibrationGrid:
     note: str
     short_repeats: int = 5
     long_repeats: int = 2
+    # mixed-step calibration (latency_model.step_model): random step shapes, fitted and fresh
+    step_points: int = 0
+    step_repeats: int = 2
+    step_fresh_points: int = 0
 
     def repeats_for(self, prompt_tokens: int) -> int:
         """How many times the fit points of this prompt length are measured."""
@@ -108,12 +129,31 @@ def _cached_list(scaffold_tokens: list[int], top: int) -> tuple[int, ...]:
     return tuple(sorted({0, *(int(s) for s in scaffold_tokens if 0 < int(s) < top)}))
 
 
-def quick_grid(context_window: int, scaffold_tokens: list[int]) -> CalibrationGrid:
+def chunk_lengths(chunk_tokens: int | None, top: int) -> set[int]:
+    """Prompt lengths just past a chunk boundary (``S + 45`` and ``4*S + 77`` tokens, below
+    ``top``), added to a grid when the engine prefills in chunks of ``S``: there a cached
+    scaffold saves a whole forward pass (``latency_model.predictors.forward_passes``), which
+    identifies the per-pass cost that lengths on multiples of ``S`` cannot."""
+    if not chunk_tokens or chunk_tokens < 1:
+        return set()
+    return {n for n in (chunk_tokens + 45, 4 * chunk_tokens + 77) if n < top}
+
+
+def engine_chunk_tokens(identity: dict[str, Any]) -> int | None:
+    """The prefill chunk size a generator's identity records (``engine.prefill_chunk``), or None."""
+    engine = identity.get("engine")
+    chunk = engine.get("prefill_chunk") if isinstance(engine, dict) else None
+    return int(chunk) if isinstance(chunk, int) and chunk >= 1 else None
+
+
+def quick_grid(context_window: int, scaffold_tokens: list[int],
+               chunk_tokens: int | None = None) -> CalibrationGrid:
     """The ``--quick`` grid: prompts up to 2048 tokens (or the window less one).
 
     2048 tokens is where the planner operates on a CPU with a sub-10 s budget; a
     profile from this grid says so in ``calibration.note`` and predictions past
     it are extrapolations. Under 2 minutes for SmolLM2-135M on 2 CPU cores.
+    ``chunk_tokens`` (the engine's prefill chunk) adds :func:`chunk_lengths`.
 
     Raises:
         InvalidInput: ``context_window < 16`` or a negative scaffold size.
@@ -121,18 +161,20 @@ def quick_grid(context_window: int, scaffold_tokens: list[int]) -> CalibrationGr
     if context_window < 16:
         raise InvalidInput("context_window must be >= 16 tokens")
     top = min(context_window - 1, QUICK_MAX_PROMPT_TOKENS)
-    ladder = tuple(sorted({n for n in QUICK_LADDER if n < top} | {top}))
+    ladder = tuple(sorted({n for n in QUICK_LADDER if n < top} | {top} | chunk_lengths(chunk_tokens, top)))
     return CalibrationGrid(
         name="quick", prompt_tokens=ladder, cached_tokens=_cached_list(scaffold_tokens, top),
-        repeats=3, warmup=3, fresh_points=16,
+        repeats=3, warmup=3, fresh_points=16, step_points=32, step_repeats=2, step_fresh_points=16,
         decode_contexts=tuple(sorted({c for c in (16, 512, 1024) if c < top} | {top})),
         decode_repeats=4, max_prompt_tokens=top,
         note=f"quick grid: prompts {ladder[0]}..{top} tokens of a {context_window}-token window; "
              f"predictions above {top} tokens are extrapolated")
 
 
-def full_grid(context_window: int, scaffold_tokens: list[int]) -> CalibrationGrid:
-    """The full grid: prompts from 8 tokens up to the whole context window (less one token).
+def full_grid(context_window: int, scaffold_tokens: list[int],
+              chunk_tokens: int | None = None) -> CalibrationGrid:
+    """The full grid: prompts from 8 tokens up to the whole context window (less one token);
+    ``chunk_tokens`` as in :func:`quick_grid`.
 
     Raises:
         InvalidInput: ``context_window < 16`` or a negative scaffold size.
@@ -140,10 +182,10 @@ def full_grid(context_window: int, scaffold_tokens: list[int]) -> CalibrationGri
     if context_window < 16:
         raise InvalidInput("context_window must be >= 16 tokens")
     top = context_window - 1  # one position stays free for the first generated token
-    ladder = tuple(sorted({n for n in FULL_LADDER if n < top} | {top}))
+    ladder = tuple(sorted({n for n in FULL_LADDER if n < top} | {top} | chunk_lengths(chunk_tokens, top)))
     return CalibrationGrid(
         name="full", prompt_tokens=ladder, cached_tokens=_cached_list(scaffold_tokens, top),
-        repeats=3, warmup=3, fresh_points=24,
+        repeats=3, warmup=3, fresh_points=24, step_points=64, step_repeats=3, step_fresh_points=24,
         decode_contexts=tuple(sorted({c for c in (16, 512, 2048, 4096) if c < top} | {top})),
         decode_repeats=4, max_prompt_tokens=top,
         note=f"full grid: prompts {ladder[0]}..{top} tokens (the whole {context_window}-token window)")
@@ -181,6 +223,38 @@ def schedule(grid: CalibrationGrid, seed: int) -> list[tuple[str, int, int, str]
     body += [("decode", ctx, 0, "fit") for ctx in grid.decode_contexts for _ in range(grid.decode_repeats)]
     rng.shuffle(body)
     return warm + body
+
+
+StepPoint = tuple[int, int, tuple[int, ...], bool]  # (prefill tokens, position, decode contexts, logits)
+
+
+def step_design(grid: CalibrationGrid, seed: int, max_decode: int,
+                chunk_tokens: int | None = None) -> list[tuple[StepPoint, str]]:
+    """Random mixed-step shapes to time: ``[(point, role)]``, role ``fit`` (each point
+    ``step_repeats`` times) or ``fresh``, unshuffled; deterministic for a seed.
+
+    A point has 0 to ``max_decode`` decode answers (contexts log-uniform in 16 .. the top
+    prompt length) and, unless it has decoders and draws none, one prefill chunk of 1 ..
+    ``chunk_tokens`` (default 256) tokens, a full chunk a third of the time, at position 0 a
+    third of the time and else anywhere it fits; a fifth of the chunks need no logits.
+    """
+    rng = random.Random(seed * 7919 + 17)
+    chunk = chunk_tokens or 256
+    top = grid.max_prompt_tokens
+
+    def draw() -> StepPoint:
+        d = rng.choice([n for n in (0, 1, 2, 3, 4, 6, 8) if n <= max_decode])
+        ctx = tuple(int(round(math.exp(rng.uniform(math.log(16), math.log(top - 2))))) for _ in range(d))
+        if d and rng.random() < 0.25:
+            return 0, 0, ctx, True
+        r = rng.random()
+        n = chunk if r < 1 / 3 else rng.randint(1, max(1, chunk // 4)) if r < 2 / 3 else rng.randint(1, chunk)
+        n = min(n, top - 2)
+        pos = 0 if rng.random() < 1 / 3 else rng.randint(1, max(1, top - 2 - n))
+        return n, pos, ctx, rng.random() >= 0.2
+
+    out = [(p, "fit") for p in (draw() for _ in range(grid.step_points)) for _ in range(grid.step_repeats)]
+    return out + [(draw(), "fresh") for _ in range(grid.step_fresh_points)]
 
 
 def estimate_seconds(grid: CalibrationGrid, profile: Profile, seed: int = 0) -> float:
@@ -261,7 +335,17 @@ def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, prog
     remote = str(identity.get("device") or "") == "remote"
     if remote:
         contention_retries = 0
-    plan = schedule(grid, seed)
+    plan: list[tuple[str, Any, int, str]] = list(schedule(grid, seed))
+    steps: list[StepPoint] = []
+    if isinstance(timer, StepTimer) and grid.step_points:
+        design = step_design(grid, seed, int(timer.max_running), engine_chunk_tokens(identity))
+        steps = [p for p, _ in design]
+        srng = random.Random(seed + 1)
+        first = sum(1 for item in plan if item[3] == "warmup")
+        plan = plan[:first] + [("step", i, 0, "warmup") for i in range(min(2, len(steps)))] + plan[first:]
+        for i, (_, role) in enumerate(design):
+            plan.insert(srng.randint(first + 2, len(plan)), ("step", i, 0, role))
+    step_rows: list[list[Any]] = []
     cores = os.cpu_count() or 1
     retry_budget = len(plan) // 4
     prefill_rows: list[list[Any]] = []
@@ -277,6 +361,10 @@ def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, prog
                 before = cpu_snapshot()
                 if kind == "prefill":
                     ms = _measure(timer.prefill_ms(tokens, cached), f"prefill({tokens}, {cached})")
+                elif kind == "step":
+                    n, pos, ctx, logits = steps[tokens]
+                    ms = _measure(cast(StepTimer, timer).step_ms(n, pos, list(ctx), logits),
+                                  f"step({n}@{pos}, {len(ctx)} decoding)")
                 else:
                     ms = _measure(timer.decode_step_ms(tokens), f"decode_step({tokens})")
                 after = cpu_snapshot()
@@ -286,6 +374,9 @@ def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, prog
                 tag = f"contended:{role}" if busy else role
                 if kind == "prefill":
                     prefill_rows.append([tokens, cached, ms, tag])
+                elif kind == "step":
+                    n, pos, ctx, logits = steps[tokens]
+                    step_rows.append([n, pos, list(ctx), bool(logits), tokens, ms, tag])
                 else:
                     decode_rows.append([tokens, ms, tag])
                 if not busy:
@@ -296,13 +387,17 @@ def calibrate(timer: PrefillTimer, *, grid: CalibrationGrid, seed: int = 0, prog
         bar.close()
     contention = None if remote else other_cpu_fraction(cpu_start, cpu_snapshot())
     return fit_profile(identity, prefill_rows, decode_rows, grid=grid, seed=seed, started_at=started,
-                       prefill_model=prefill_model, other_cpu_fraction=contention)
+                       prefill_model=prefill_model, other_cpu_fraction=contention, step_rows=step_rows)
 
 
 def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_rows: list[list[Any]],
                 *, grid: CalibrationGrid, seed: int, started_at: str,
-                prefill_model: str | None = None, other_cpu_fraction: float | None = None) -> Profile:
-    """Fit a profile from raw rows ``[prompt, cached, ms, role]`` and ``[context, ms, role]``.
+                prefill_model: str | None = None, other_cpu_fraction: float | None = None,
+                step_rows: list[list[Any]] | None = None) -> Profile:
+    """Fit a profile from raw rows ``[prompt, cached, ms, role]`` and ``[context, ms, role]``,
+    and, when given, mixed-step rows ``[prefill tokens, position, [decode contexts], needs logits,
+    point id, ms, role]`` (fitted into ``Profile.step_model`` by
+    :func:`latency_model.step_model.fit_steps`).
 
     Fit rows (role ``fit``) train the models; ``fresh`` rows score them (MAPE of
     the p50, share of measurements at or below the p95); ``warmup`` and
@@ -320,12 +415,14 @@ def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_
                      dtype=np.float64).reshape(-1, 3)  # (N_fresh, 3)
     dec = np.array([r[:2] for r in decode_rows if r[2] == "fit"],
                    dtype=np.float64).reshape(-1, 2)  # (N_dec, 2)
+    chunk = engine_chunk_tokens(identity)
     if prefill_model is None:
-        chosen, comparison = select_prefill(fit[:, 0], fit[:, 1], fit[:, 2])
+        chosen, comparison = select_prefill(fit[:, 0], fit[:, 1], fit[:, 2], chunk_tokens=chunk)
     else:
-        chosen = fit_prefill(fit[:, 0], fit[:, 1], fit[:, 2], prefill_model)
+        chosen = fit_prefill(fit[:, 0], fit[:, 1], fit[:, 2], prefill_model, chunk)
         comparison = {prefill_model: chosen.loo_length_mape}
     decode_fit = fit_decode(dec[:, 0], dec[:, 1])
+    step_model = _fit_step_rows(step_rows or [])
     device = str(identity.get("device", "cpu"))
     profile_kwargs: dict[str, Any] = dict(
         source="fitted", created_at=utc_now_iso(), device=device,
@@ -338,6 +435,7 @@ def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_
         backend=str(identity.get("backend", "local")),
         context_window=identity.get("context_window"),
         prefill_model=chosen.predictor.name, prefill_coefficients=chosen.predictor.coefficients,
+        prefill_chunk_tokens=chosen.predictor.chunk_tokens, step_model=step_model,
         prefill_quantiles=chosen.quantiles, prefill_abs_quantiles_ms=chosen.abs_quantiles_ms,
         decode_model=decode_fit.predictor.name, decode_coefficients=decode_fit.predictor.coefficients,
         decode_quantiles=decode_fit.quantiles,
@@ -349,7 +447,9 @@ def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_
                                               if str(r[-1]).startswith("contended:")),
                      "other_cpu_fraction": finite_or_none(other_cpu_fraction)},
         samples={"prefill": [[int(n), int(c), float(ms), str(role)] for n, c, ms, role in prefill_rows],
-                 "decode": [[int(x), float(ms), str(role)] for x, ms, role in decode_rows]},
+                 "decode": [[int(x), float(ms), str(role)] for x, ms, role in decode_rows],
+                 **({"step": [[int(r[0]), int(r[1]), [int(x) for x in r[2]], bool(r[3]), int(r[4]),
+                               float(r[5]), str(r[6])] for r in step_rows]} if step_rows else {})},
         software=software_versions(), notes=[grid.note] + (
             [f"other processes used {other_cpu_fraction:.0%} of the CPU during calibration; "
              f"timings may be inflated, re-run on a quiet machine"]
@@ -372,6 +472,24 @@ def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_
         held_out["fresh_p95_coverage"] = finite_or_none(coverage(fresh[:, 2], p95))
         return Profile.create(held_out=held_out, **profile_kwargs)
     return draft
+
+
+def _fit_step_rows(rows: list[list[Any]]) -> dict[str, Any]:
+    """``StepFit.to_dict()`` of the ``fit`` step rows scored on the ``fresh`` ones; {} when there
+    are fewer than three fitted design points."""
+    from latency_model.step_model import StepShape, fit_steps
+
+    def shape(r: list[Any]) -> StepShape:
+        return StepShape.mixed(int(r[0]), int(r[1]), [int(x) for x in r[2]], bool(r[3]))
+
+    fit_rows = [r for r in rows if r[6] == "fit"]
+    fresh_rows = [r for r in rows if r[6] == "fresh"]
+    if len({int(r[4]) for r in fit_rows}) < 3:
+        return {}
+    fit = fit_steps([shape(r) for r in fit_rows], [float(r[5]) for r in fit_rows],
+                    [int(r[4]) for r in fit_rows], [shape(r) for r in fresh_rows],
+                    [float(r[5]) for r in fresh_rows])
+    return {k: finite_or_none(v) if isinstance(v, float) else v for k, v in fit.to_dict().items()}
 
 
 def make_prior(identity: dict[str, Any], config: dict[str, Any]) -> Profile:

@@ -172,10 +172,12 @@ class CorrectedProfile:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.profile, name)
 
-    def predict_ttft_many(self, prompt_tokens: ArrayLike,
-                          cached_tokens: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """The fitted ``(p50, p95)`` arrays, ms, corrected (:meth:`OnlineCorrection.apply`)."""
-        p50, p95 = self.profile.predict_ttft_many(prompt_tokens, cached_tokens)
+    def predict_ttft_many(self, prompt_tokens: ArrayLike, cached_tokens: ArrayLike,
+                          prefix_tokens: ArrayLike | None = None
+                          ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """The fitted ``(p50, p95)`` arrays, ms, corrected (:meth:`OnlineCorrection.apply`);
+        ``prefix_tokens`` as in :meth:`latency_model.profile.Profile.predict_ttft_many`."""
+        p50, p95 = self.profile.predict_ttft_many(prompt_tokens, cached_tokens, prefix_tokens)
         return self.correction.apply(p50, p95, self.state)
 
     def predict_ttft_ms(self, prompt_tokens: int, cached_tokens: int) -> tuple[float, float]:

@@ -44,9 +44,11 @@ class PrefillBand(Protocol):
         """``fitted`` or ``prior``."""
         ...
 
-    def predict_ttft_many(self, prompt_tokens: ArrayLike,
-                          cached_tokens: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """``((N,) p50 ms, (N,) p95 ms)`` of prefill for each (prompt, cached) pair."""
+    def predict_ttft_many(self, prompt_tokens: ArrayLike, cached_tokens: ArrayLike,
+                          prefix_tokens: ArrayLike | None = None
+                          ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """``((N,) p50 ms, (N,) p95 ms)`` of prefill for each (prompt, cached) pair, the engine
+        chunking at ``prefix_tokens`` (the scaffold boundary; default the cached length)."""
         ...
 
 
@@ -147,7 +149,10 @@ def plan(*, question_tokens: int, scaffold_tokens: int, scaffold_cached: bool,
     prompts = [base]
     for t in chunk_tokens:
         prompts.append(prompts[-1] + t)
-    p50s, p95s = profile.predict_ttft_many(prompts, [cached] * len(prompts))
+    # The engine chunks at the scaffold boundary whether or not it is cached (generation.scheduler),
+    # so a miss is predicted as (n, 0, prefix=scaffold): one forward pass more than a hit.
+    p50s, p95s = profile.predict_ttft_many(prompts, [cached] * len(prompts),
+                                           [scaffold_tokens] * len(prompts))
     rows = [PlanRow(k=k, prompt_tokens=n, cached_tokens=cached, computed_tokens=n - cached,
                     ttft_p50_ms=float(p50), ttft_p95_ms=float(p95),
                     fits_budget=bool(p95 + overhead_ms <= budget_ms),

@@ -18,7 +18,20 @@ name                ttft_ms                                     meaning of the t
 ``quadratic``       a + b*m + g*m*(n + c)                       + attention (DESIGN.md, the default)
 ``quadratic_split`` a + b*m + g*m*(n + c) + h*m^2               + extra causal self-attention cost
 ``two_path``        a + b*m + g*m*(n + c) + h*[c > 0]*m*n       + masked-attention cost of a cache hit
+``chunked``         a + k*q + b*m + g*m*(n + c)                 + a fixed cost per forward pass (chunk)
 ==================  ==========================================  =====================================
+
+``chunked`` is the form of the continuous-batching engine (``generation.scheduler``),
+which prefills in chunks of ``S`` tokens whose boundaries are a pure function of
+the prompt: the scaffold ``[0, P)`` from 0, the rest ``[P, n)`` from ``P``. So
+``q = ceil((P - c)/S) + ceil((n - max(P, c))/S)`` forward passes run
+(:func:`forward_passes`): ``ceil((n - c)/S)`` on a cache hit (``c = P``), one
+chunk more than that at most on a miss (``c = 0``), ``ceil(n/S)`` with no
+scaffold. Each pass pays the per-layer dispatch and kernel set-up once; a cache
+miss pays it for the scaffold's own chunk, which is most of the difference
+between the ~90 ms an 83-token scaffold's linear layers cost and the ~125 ms a
+cache hit saves on this CPU (docs/latency_model.md). ``S`` is the engine's
+setting, not a fitted number: the predictor is built with ``chunk_tokens=S``.
 
 Every form is a sum of non-negative coefficients times features that grow with
 ``m`` at a fixed cached length, so with non-negative coefficients predictions
@@ -101,8 +114,13 @@ class Predictor:
     coefficient_names: ClassVar[tuple[str, ...]] = ()
     formula: ClassVar[str] = ""
     cache_never_slower: ClassVar[bool] = True
+    #: True when the features need the engine's prefill chunk size (``chunk_tokens``).
+    needs_chunk_tokens: ClassVar[bool] = False
 
-    def __init__(self, coefficients: dict[str, float]) -> None:
+    def __init__(self, coefficients: dict[str, float], chunk_tokens: int | None = None) -> None:
+        if self.needs_chunk_tokens and (chunk_tokens is None or int(chunk_tokens) < 1):
+            raise InvalidInput(f"{self.name} needs the engine's prefill chunk size (chunk_tokens >= 1)")
+        self.chunk_tokens = int(chunk_tokens) if chunk_tokens is not None else None
         missing = set(self.coefficient_names) - set(coefficients)
         extra = set(coefficients) - set(self.coefficient_names)
         if missing or extra:
@@ -118,39 +136,82 @@ class Predictor:
 
 
 class PrefillPredictor(Predictor):
-    """A prefill (TTFT) cost model over ``(prompt_tokens, cached_tokens)``."""
+    """A prefill (TTFT) cost model over ``(prompt_tokens, cached_tokens)``.
+
+    ``prefix_tokens`` (optional everywhere, default ``cached_tokens``) is the scaffold
+    boundary the engine chunks at; only forms with ``needs_chunk_tokens`` read it. A cache
+    miss on a ``P``-token scaffold is ``(n, c=0, prefix=P)``.
+    """
 
     @classmethod
-    def features(cls, prompt_tokens: ArrayLike, cached_tokens: ArrayLike) -> NDArray[np.float64]:
+    def features(cls, prompt_tokens: ArrayLike, cached_tokens: ArrayLike,
+                 prefix_tokens: ArrayLike | None = None,
+                 chunk_tokens: int | None = None) -> NDArray[np.float64]:
         """``(N, p)`` features for ``N`` prompts (``cached_tokens <= prompt_tokens``).
 
         Raises:
-            InvalidInput: negative counts, or more cached than prompt tokens.
+            InvalidInput: negative counts, more cached than prompt tokens, a prefix outside
+                ``[cached, prompt]``, or a chunked form without ``chunk_tokens``.
         """
         n = _as_tokens(prompt_tokens, "prompt_tokens")
         c = _as_tokens(cached_tokens, "cached_tokens")
         n, c = np.broadcast_arrays(n, c)  # (N,), (N,)
         if np.any(c > n):
             raise InvalidInput("cached_tokens cannot exceed prompt_tokens")
-        return cls._features(n, c, n - c)
+        if not cls.needs_chunk_tokens:
+            return cls._features(n, c, n - c)
+        if chunk_tokens is None or chunk_tokens < 1:
+            raise InvalidInput(f"{cls.name} needs the engine's prefill chunk size (chunk_tokens >= 1)")
+        p = c if prefix_tokens is None else np.broadcast_to(_as_tokens(prefix_tokens, "prefix_tokens"),
+                                                            n.shape)  # (N,)
+        q = forward_passes(n, c, p, chunk_tokens)  # (N,)
+        return cls._chunk_features(n, c, n - c, q)
 
     @classmethod
     def _features(cls, n: NDArray[np.float64], c: NDArray[np.float64],
                   m: NDArray[np.float64]) -> NDArray[np.float64]:
         raise NotImplementedError
 
-    def predict_ms(self, prompt_tokens: ArrayLike, cached_tokens: ArrayLike) -> NDArray[np.float64]:
+    @classmethod
+    def _chunk_features(cls, n: NDArray[np.float64], c: NDArray[np.float64], m: NDArray[np.float64],
+                        q: NDArray[np.float64]) -> NDArray[np.float64]:
+        raise NotImplementedError
+
+    def predict_ms(self, prompt_tokens: ArrayLike, cached_tokens: ArrayLike,
+                   prefix_tokens: ArrayLike | None = None) -> NDArray[np.float64]:
         """Point prediction in ms, shape ``(N,)``."""
-        # (N, p) @ (p,) -> (N,)
-        return np.asarray(self.features(prompt_tokens, cached_tokens) @ self._beta, dtype=np.float64)
+        x = self.features(prompt_tokens, cached_tokens, prefix_tokens, self.chunk_tokens)  # (N, p)
+        return np.asarray(x @ self._beta, dtype=np.float64)  # (N,)
 
     @classmethod
-    def fit(cls, prompt_tokens: ArrayLike, cached_tokens: ArrayLike,
-            ttft_ms: ArrayLike) -> PrefillPredictor:
-        """Fit by relative-error NNLS (:func:`weighted_nnls`) to measured TTFTs in ms."""
-        beta = weighted_nnls(cls.features(prompt_tokens, cached_tokens),
+    def fit(cls, prompt_tokens: ArrayLike, cached_tokens: ArrayLike, ttft_ms: ArrayLike,
+            chunk_tokens: int | None = None) -> PrefillPredictor:
+        """Fit by relative-error NNLS (:func:`weighted_nnls`) to measured TTFTs in ms.
+
+        The samples are timed with the prefix boundary at ``cached_tokens`` (a hit, or no
+        scaffold), which is how calibration times them.
+        """
+        beta = weighted_nnls(cls.features(prompt_tokens, cached_tokens, None, chunk_tokens),
                              np.asarray(ttft_ms, dtype=np.float64))
-        return cls(dict(zip(cls.coefficient_names, beta.tolist(), strict=True)))
+        return cls(dict(zip(cls.coefficient_names, beta.tolist(), strict=True)),
+                   chunk_tokens if cls.needs_chunk_tokens else None)
+
+
+def forward_passes(n: NDArray[np.float64], c: NDArray[np.float64], p: NDArray[np.float64],
+                   chunk_tokens: int) -> NDArray[np.float64]:
+    """Forward passes the chunked engine runs to prefill, shape ``(N,)``.
+
+    ``q = ceil((p - c)/S) + ceil((n - max(p, c))/S)``: the scaffold ``[0, p)`` (the part
+    of it not cached) in chunks of ``S`` from 0, the rest from ``max(p, c)``
+    (``generation.scheduler.Sequence.next_chunk``).
+
+    Raises:
+        InvalidInput: a prefix outside ``[cached, prompt]``.
+    """
+    if np.any(p > n) or np.any(p < c):
+        raise InvalidInput("prefix_tokens must lie between cached_tokens and prompt_tokens")
+    s = float(chunk_tokens)
+    return np.ceil((p - c) / s) + np.ceil((n - np.maximum(p, c)) / s)
 
 
 class LinearPrefill(PrefillPredictor):
@@ -213,6 +274,23 @@ class TwoPathPrefill(PrefillPredictor):
         return np.column_stack([np.ones_like(m), m, m * (n + c), (c > 0) * m * n])  # (N, 4)
 
 
+class ChunkedPrefill(PrefillPredictor):
+    """``ttft_ms = a + k*q + b*m + g*m*(n + c)``: the quadratic form plus a fixed cost ``k`` per
+    forward pass of the chunked engine (``q`` = :func:`forward_passes`, which needs the
+    engine's chunk size). The physically right form for ``generation.scheduler``: a cache
+    miss pays one pass more than a hit (the scaffold's own chunk)."""
+
+    name = "chunked"
+    coefficient_names = ("a", "k", "b", "g")
+    formula = "a + k*q + b*m + g*m*(n + c), q = forward passes"
+    needs_chunk_tokens = True
+
+    @classmethod
+    def _chunk_features(cls, n: NDArray[np.float64], c: NDArray[np.float64], m: NDArray[np.float64],
+                        q: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.column_stack([np.ones_like(m), q, m, m * (n + c)])  # (N, 4)
+
+
 class DecodePredictor(Predictor):
     """A decode (TPOT) cost model over the context length."""
 
@@ -251,7 +329,8 @@ class LinearDecode(DecodePredictor):
 
 
 PREFILL_MODELS: dict[str, type[PrefillPredictor]] = {
-    cls.name: cls for cls in (LinearPrefill, QuadraticPrefill, QuadraticSplitPrefill, TwoPathPrefill)
+    cls.name: cls for cls in (LinearPrefill, QuadraticPrefill, QuadraticSplitPrefill, TwoPathPrefill,
+                              ChunkedPrefill)
 }
 DECODE_MODELS: dict[str, type[DecodePredictor]] = {LinearDecode.name: LinearDecode}
 

@@ -21,12 +21,13 @@ from numpy.typing import ArrayLike, NDArray
 from foundation.errors import IntegrityFailure, InvalidInput
 from foundation.hashing import canonical_json, sha256_json
 from latency_model.predictors import DecodePredictor, PrefillPredictor, decode_model, prefill_model
+from latency_model.step_model import StepFit
 
 SCHEMA_VERSION = 1
 SOURCES = ("fitted", "prior")
 # Fields added after the first stored profiles: left out of the JSON (and so of the id) while
 # empty, so profiles written before them keep their ids and bytes.
-LATE_FIELDS = ("prefill_abs_quantiles_ms",)
+LATE_FIELDS = ("prefill_abs_quantiles_ms", "prefill_chunk_tokens", "step_model")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,10 @@ class Profile:
     decode_coefficients: dict[str, float]
     decode_quantiles: dict[str, float]
     prefill_abs_quantiles_ms: dict[str, float] = field(default_factory=dict)
+    # the engine's prefill chunk size in tokens (forms with ``needs_chunk_tokens``); None otherwise
+    prefill_chunk_tokens: int | None = None
+    # the mixed-step model (latency_model.step_model.StepFit.to_dict()), {} when not calibrated
+    step_model: dict[str, Any] = field(default_factory=dict)
     held_out: dict[str, Any] = field(default_factory=dict)
     form_comparison: dict[str, float] = field(default_factory=dict)
     calibration: dict[str, Any] = field(default_factory=dict)
@@ -139,7 +144,7 @@ class Profile:
             raise IntegrityFailure("profile samples_hash does not match its samples", id=self.id)
         if sha256_json(self._body()) != self.id:
             raise IntegrityFailure("profile id does not match its content", id=self.id)
-        _ = self.prefill_predictor, self.decode_predictor
+        _ = self.prefill_predictor, self.decode_predictor, self.step_fit
 
     # --- key --------------------------------------------------------------------------
     @property
@@ -152,20 +157,32 @@ class Profile:
     @cached_property
     def prefill_predictor(self) -> PrefillPredictor:
         """The prefill point predictor (no residual band)."""
-        return prefill_model(self.prefill_model)(self.prefill_coefficients)
+        return prefill_model(self.prefill_model)(self.prefill_coefficients, self.prefill_chunk_tokens)
+
+    @cached_property
+    def step_fit(self) -> StepFit | None:
+        """The mixed-step model (``latency_model.step_model``), or None when not calibrated."""
+        return StepFit.from_dict(self.step_model) if self.step_model else None
 
     @cached_property
     def decode_predictor(self) -> DecodePredictor:
         """The decode point predictor (no residual band)."""
         return decode_model(self.decode_model)(self.decode_coefficients)
 
-    def predict_ttft_many(self, prompt_tokens: ArrayLike,
-                          cached_tokens: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """Vectorised :meth:`predict_ttft_ms`: ``((N,) p50 ms, (N,) p95 ms)``."""
-        point = self.prefill_predictor.predict_ms(prompt_tokens, cached_tokens)
+    def predict_ttft_many(self, prompt_tokens: ArrayLike, cached_tokens: ArrayLike,
+                          prefix_tokens: ArrayLike | None = None
+                          ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Vectorised :meth:`predict_ttft_ms`: ``((N,) p50 ms, (N,) p95 ms)``.
+
+        ``prefix_tokens``: the scaffold boundary the engine chunks at (default: the cached
+        length), so ``(n, 0, prefix=P)`` is a cache miss on a ``P``-token scaffold; read by
+        the ``chunked`` form only.
+        """
+        point = self.prefill_predictor.predict_ms(prompt_tokens, cached_tokens, prefix_tokens)
         return _band(point, self.prefill_quantiles, self.prefill_abs_quantiles_ms)
 
-    def predict_ttft_ms(self, prompt_tokens: int, cached_tokens: int) -> tuple[float, float]:
+    def predict_ttft_ms(self, prompt_tokens: int, cached_tokens: int,
+                        prefix_tokens: int | None = None) -> tuple[float, float]:
         """Predicted prefill time (TTFT without queueing), ``(p50 ms, p95 ms)``.
 
         ``p50 = point * (1 + q50)``; ``p95 = max(point * (1 + q95), point + A95, p50)``
@@ -175,7 +192,8 @@ class Profile:
         Raises:
             InvalidInput: negative counts or ``cached_tokens > prompt_tokens``.
         """
-        p50, p95 = self.predict_ttft_many([prompt_tokens], [cached_tokens])
+        p50, p95 = self.predict_ttft_many([prompt_tokens], [cached_tokens],
+                                          None if prefix_tokens is None else [prefix_tokens])
         return float(p50[0]), float(p95[0])
 
     def predict_tpot_ms(self, context_tokens: int) -> float:

@@ -111,14 +111,21 @@ def calibrate_profile(services: Any, *, quick: bool, seed: int = 0, cached_token
         InvalidConfig: the generator cannot be timed (no ``prefill_ms``/``decode_step_ms``).
     """
     from app.profile_store import save_profile
-    from latency_model.calibration import PrefillTimer, calibrate, full_grid, quick_grid
+    from latency_model.calibration import (
+        PrefillTimer,
+        calibrate,
+        engine_chunk_tokens,
+        full_grid,
+        quick_grid,
+    )
 
     timer = services.generator
     if not isinstance(timer, PrefillTimer):
         raise InvalidConfig("the configured generator cannot be timed (no prefill_ms/decode_step_ms)")
     window = int(timer.identity.get("context_window") or getattr(timer, "context_window", 0) or 2048)
     cached = cached_tokens if cached_tokens is not None else scaffold_sizes(services)
-    grid = (quick_grid if quick else full_grid)(window, list(cached))
+    grid = (quick_grid if quick else full_grid)(window, list(cached),
+                                                engine_chunk_tokens(dict(timer.identity)))
     _print_estimate(services, timer, grid, seed, progress)
     profile = calibrate(timer, grid=grid, seed=seed, progress=progress, prefill_model=prefill_model)
     path = save_profile(services.engine, services.data_dir, profile) if save else None

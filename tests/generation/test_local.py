@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
-from foundation.errors import TooLarge
+from foundation.errors import InvalidInput, TooLarge
 from generation.base import Generator, GenParams
 
 pytestmark = pytest.mark.slow
@@ -153,6 +153,24 @@ def test_prompt_that_fills_the_context_window_is_rejected(g: Any) -> None:
 def test_calibration_timers_return_milliseconds(g: Any) -> None:
     assert g.prefill_ms(48, 0) > 0 and g.prefill_ms(48, 32) > 0 and g.decode_step_ms(48) > 0
     assert len(g.prefix_cache) <= g.prefix_cache.capacity
+
+
+def test_prefill_timer_times_a_scaffold_miss_and_refuses_a_bad_boundary(g: Any) -> None:
+    assert g.prefill_ms(120, 0, prefix_tokens=40) > 0
+    with pytest.raises(InvalidInput):
+        g.prefill_ms(120, 40, prefix_tokens=80)  # a hit's boundary is its cached length
+    with pytest.raises(InvalidInput):
+        g.prefill_ms(120, 0, prefix_tokens=121)
+
+
+def test_step_timer_times_a_mixed_step_and_checks_its_shape(g: Any) -> None:
+    assert g.step_ms(32, 100, [50, 300]) > 0
+    assert g.step_ms(0, 0, [20], prefill_needs_logits=False) > 0
+    assert g.step_ms(16, 0, [], prefill_needs_logits=False) > 0
+    with pytest.raises(InvalidInput):
+        g.step_ms(0, 0, [])
+    with pytest.raises(InvalidInput):
+        g.step_ms(0, 0, [10] * (g.max_running + 1))
 
 
 def test_config_dict_has_the_roofline_fields(g: Any) -> None:

@@ -7,15 +7,17 @@ import pytest
 
 from foundation.errors import InvalidInput
 from latency_model.fitting import (
+    SELECTION_TOLERANCE,
     coverage,
     fit_decode,
     fit_prefill,
     mape,
+    pick_form,
     relative_residuals,
     residual_quantiles,
     select_prefill,
 )
-from latency_model.predictors import QuadraticPrefill, QuadraticSplitPrefill
+from latency_model.predictors import ChunkedPrefill, QuadraticPrefill, QuadraticSplitPrefill
 
 N = np.repeat([8, 32, 96, 256, 512, 1024, 2048], 3).astype(float)
 C = np.zeros_like(N)
@@ -72,3 +74,22 @@ def test_decode_fit_reports_leave_one_context_out_error() -> None:
     ctx = np.repeat([16.0, 512.0, 1024.0, 2048.0], 2)
     fit = fit_decode(ctx, 20.0 + 0.004 * ctx)
     assert fit.loo_context_mape is not None and fit.loo_context_mape < 1e-9
+
+
+def test_selection_tie_goes_to_the_physically_right_form() -> None:
+    # Within SELECTION_TOLERANCE (0.5 points) the forms tie and PHYSICAL_ORDER decides; outside
+    # it the lower held-out error wins whatever the order.
+    tie = SELECTION_TOLERANCE * 0.8
+    assert pick_form({"two_path": 0.030, "quadratic": 0.030 + tie}) == "quadratic"
+    assert pick_form({"two_path": 0.030, "quadratic": 0.030 + tie, "chunked": 0.030 + tie}) == "chunked"
+    assert pick_form({"two_path": 0.030, "quadratic": 0.030 + 2 * SELECTION_TOLERANCE}) == "two_path"
+    assert pick_form({"linear": 0.05, "quadratic_split": 0.05}) == "quadratic_split"
+
+
+def test_selection_offers_the_chunked_form_only_with_the_chunk_size() -> None:
+    truth = ChunkedPrefill({"a": 10.0, "k": 30.0, "b": 1.0, "g": 4e-4}, chunk_tokens=256)
+    n = np.repeat([8, 45, 160, 251, 301, 512, 765, 1024, 1101, 1531, 2047], 2).astype(float)
+    c = np.where(n > 83, np.tile([0.0, 83.0], n.size // 2), 0.0)
+    chosen, scores = select_prefill(n, c, truth.predict_ms(n, c), chunk_tokens=256)
+    assert chosen.predictor.name == "chunked" and chosen.loo_length_mape < 1e-9
+    assert "chunked" not in select_prefill(n, c, truth.predict_ms(n, c))[1]

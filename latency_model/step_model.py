@@ -1,0 +1,319 @@
+"""The mixed-step cost model: one engine step's time from what the step carries.
+
+The continuous-batching engine (``generation.scheduler``) runs one forward per
+step over a packed row of tokens: one decode token per running answer plus
+prefill chunks, padded to ``R`` rows (``padded_rows``: at least 16, multiples of
+8, on CPU). A step that carries ``S`` segments (answers), segment ``i`` with
+``n_i`` new tokens at positions ``[p_i, p_i + n_i)``, costs
+
+    step_ms = a + b*R + s*S + g*A + e*K + h*H            (all coefficients >= 0)
+
+* ``a``: fixed cost of a forward (dispatch of every layer's kernels);
+* ``b*R``: the linear layers over the padded rows (``2*P`` FLOP per row);
+* ``s*S``: per-segment work in the attention function (a KV write, a slice, an
+  SDPA call per layer and answer: Python and kernel set-up, not FLOPs);
+* ``g*A``, ``A = sum n_i*(p_i + n_i)``: attention scores; the engine gives each
+  segment an explicit mask, so the whole ``n_i x (p_i + n_i)`` rectangle is
+  computed (decode: ``n_i = 1``);
+* ``e*K``, ``K = sum (p_i + n_i)``: keys and values read, once per segment and
+  layer (what makes a decode step grow with its context);
+* ``h*H``: the LM head on ``H`` padded logit rows (0 on a step that only
+  prefills a chunk that does not end a prompt).
+
+This is the Vidur / Sarathi-Serve view of a step as a sum of operator costs
+(Agrawal et al., MLSys 2024; OSDI 2024), with the operators lumped into the terms
+this engine's shapes drive. It is fitted by relative-error NNLS
+(:func:`latency_model.predictors.weighted_nnls`), scored on held-out design
+points (leave-one-point-out over all repeats of a point) and on fresh points
+never fitted, and stored in the profile (``Profile.step_model``).
+
+:func:`predict_batched_ttft_ms` uses it to predict a new answer's TTFT given the
+running batch: the answer's prefill chunks ride along with the running answers'
+decode tokens, step by step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from foundation.errors import InvalidInput
+from latency_model.fitting import coverage, leave_one_group_out, mape, relative_residuals, residual_quantiles
+from latency_model.predictors import weighted_nnls
+
+STEP_FORM = "mixed_step"
+STEP_COEFFICIENTS = ("a", "b", "s", "g", "e", "h")
+STEP_FORMULA = "a + b*R + s*S + g*A + e*K + h*H"
+# The engine's row padding on CPU (generation.scheduler.MIN_ROWS / ROW_MULTIPLE), repeated here
+# because latency_model imports nothing from generation (DESIGN.md); a profile records its own.
+DEFAULT_MIN_ROWS = 16
+DEFAULT_ROW_MULTIPLE = 8
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one step carries: ``segments`` as ``(new tokens, start position)`` pairs, one per
+    answer (a decode token is ``(1, context)``), and how many of them need logits."""
+
+    segments: tuple[tuple[int, int], ...]
+    logit_rows: int
+
+    @classmethod
+    def mixed(cls, prefill_tokens: int, prefill_pos: int, decode_contexts: Sequence[int],
+              prefill_needs_logits: bool = True) -> StepShape:
+        """A step with one prefill chunk of ``prefill_tokens`` at ``prefill_pos`` (0 tokens: none)
+        and one decode token per context in ``decode_contexts``.
+
+        Raises:
+            InvalidInput: negative counts, or a step with nothing in it.
+        """
+        if prefill_tokens < 0 or prefill_pos < 0 or any(int(x) < 0 for x in decode_contexts):
+            raise InvalidInput("step token counts must be >= 0")
+        segs = [(1, int(x)) for x in decode_contexts]
+        if prefill_tokens:
+            segs.append((int(prefill_tokens), int(prefill_pos)))
+        if not segs:
+            raise InvalidInput("a step carries at least one token")
+        return cls(tuple(segs), len(decode_contexts) + int(bool(prefill_tokens) and prefill_needs_logits))
+
+
+def padded(n: int, min_rows: int = DEFAULT_MIN_ROWS, multiple: int = DEFAULT_ROW_MULTIPLE) -> int:
+    """Rows a step of ``n`` real rows runs with on CPU (``generation.scheduler.padded_rows``); 0 -> 0."""
+    if n <= 0:
+        return 0
+    return max(min_rows, -(-n // multiple) * multiple)
+
+
+def step_features(shapes: Sequence[StepShape], min_rows: int = DEFAULT_MIN_ROWS,
+                  multiple: int = DEFAULT_ROW_MULTIPLE) -> NDArray[np.float64]:
+    """``(N, 6)`` features ``[1, R, S, A, K, H]`` of ``N`` steps (see the module docstring)."""
+    rows = []
+    for sh in shapes:
+        tokens = sum(n for n, _ in sh.segments)
+        rows.append([1.0, padded(tokens, min_rows, multiple), len(sh.segments),
+                     sum(n * (p + n) for n, p in sh.segments), sum(p + n for n, p in sh.segments),
+                     padded(sh.logit_rows, min_rows, multiple)])
+    return np.asarray(rows, dtype=np.float64).reshape(-1, 6)  # (N, 6)
+
+
+@dataclass(frozen=True)
+class StepFit:
+    """A fitted mixed-step model: coefficients (ms per feature unit), residual quantiles and
+    held-out errors (fractions). ``to_dict``/``from_dict`` are what a profile stores."""
+
+    coefficients: dict[str, float]
+    quantiles: dict[str, float]
+    in_sample_mape: float
+    loo_point_mape: float
+    fresh_mape: float | None = None
+    fresh_p95_coverage: float | None = None
+    fresh_points: int = 0
+    min_rows: int = DEFAULT_MIN_ROWS
+    row_multiple: int = DEFAULT_ROW_MULTIPLE
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def beta(self) -> NDArray[np.float64]:
+        """``(6,)`` coefficients in :data:`STEP_COEFFICIENTS` order."""
+        return np.array([self.coefficients[k] for k in STEP_COEFFICIENTS], dtype=np.float64)
+
+    def predict_point_ms(self, shapes: Sequence[StepShape]) -> NDArray[np.float64]:
+        """Point predictions (ms), ``(N,)``."""
+        return np.asarray(step_features(shapes, self.min_rows, self.row_multiple) @ self.beta,
+                          dtype=np.float64)
+
+    def predict_ms(self, shapes: Sequence[StepShape]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """``((N,) p50 ms, (N,) p95 ms)``: point x (1 + q50), point x (1 + q95)."""
+        point = self.predict_point_ms(shapes)
+        p50 = point * (1.0 + self.quantiles.get("p50", 0.0))
+        return p50, np.maximum(point * (1.0 + self.quantiles.get("p95", 0.0)), p50)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: form, formula, coefficients, quantiles, errors, padding rule."""
+        return {"form": STEP_FORM, "formula": STEP_FORMULA, "coefficients": dict(self.coefficients),
+                "quantiles": dict(self.quantiles), "in_sample_mape": self.in_sample_mape,
+                "loo_point_mape": self.loo_point_mape, "fresh_mape": self.fresh_mape,
+                "fresh_p95_coverage": self.fresh_p95_coverage, "fresh_points": self.fresh_points,
+                "min_rows": self.min_rows, "row_multiple": self.row_multiple, "extra": dict(self.extra)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepFit:
+        """Rebuild from :meth:`to_dict` output.
+
+        Raises:
+            InvalidInput: another form, or missing or negative coefficients.
+        """
+        if data.get("form") != STEP_FORM:
+            raise InvalidInput(f"unknown step model form {data.get('form')!r}")
+        coef = data.get("coefficients") or {}
+        if set(coef) != set(STEP_COEFFICIENTS) or any(not math.isfinite(v) or v < 0 for v in coef.values()):
+            raise InvalidInput(f"step model needs non-negative coefficients {STEP_COEFFICIENTS}")
+        return cls(coefficients={k: float(coef[k]) for k in STEP_COEFFICIENTS},
+                   quantiles={k: float(v) for k, v in (data.get("quantiles") or {}).items()},
+                   in_sample_mape=float(data["in_sample_mape"]), loo_point_mape=float(data["loo_point_mape"]),
+                   fresh_mape=data.get("fresh_mape"), fresh_p95_coverage=data.get("fresh_p95_coverage"),
+                   fresh_points=int(data.get("fresh_points") or 0),
+                   min_rows=int(data.get("min_rows") or DEFAULT_MIN_ROWS),
+                   row_multiple=int(data.get("row_multiple") or DEFAULT_ROW_MULTIPLE),
+                   extra=dict(data.get("extra") or {}))
+
+
+def fit_steps(shapes: Sequence[StepShape], step_ms: ArrayLike, point_ids: ArrayLike,
+              fresh_shapes: Sequence[StepShape] = (), fresh_ms: ArrayLike = (),
+              min_rows: int = DEFAULT_MIN_ROWS, multiple: int = DEFAULT_ROW_MULTIPLE) -> StepFit:
+    """Fit the mixed-step model to timed steps and score it.
+
+    Args:
+        shapes: ``N`` timed steps (repeats are separate rows).
+        step_ms: ``(N,)`` measured step times, ms, > 0.
+        point_ids: ``(N,)`` design-point id of each row (repeats share one); the held-out
+            error leaves each point out with all its repeats.
+        fresh_shapes, fresh_ms: steps measured in the same run but never fitted: MAPE of the
+            p50 and the share at or below the p95.
+
+    Raises:
+        InvalidInput: fewer than three design points, or bad measurements.
+    """
+    x = step_features(shapes, min_rows, multiple)  # (N, 6)
+    y = np.asarray(step_ms, dtype=np.float64)  # (N,)
+    groups = np.asarray(point_ids, dtype=np.float64)  # (N,)
+    beta = weighted_nnls(x, y)  # (6,)
+    fitted = x @ beta  # (N,)
+
+    def _fp(train: NDArray[np.bool_], test: NDArray[np.bool_]) -> NDArray[np.float64]:
+        return np.asarray(x[test] @ weighted_nnls(x[train], y[train]), dtype=np.float64)
+
+    held = leave_one_group_out(_fp, groups, y.size)
+    fit = StepFit(coefficients=dict(zip(STEP_COEFFICIENTS, beta.tolist(), strict=True)),
+                  quantiles=residual_quantiles(relative_residuals(y, np.maximum(fitted, 1e-9))),
+                  in_sample_mape=mape(y, fitted), loo_point_mape=mape(y, np.maximum(held, 1e-9)),
+                  min_rows=min_rows, row_multiple=multiple)
+    fy = np.asarray(fresh_ms, dtype=np.float64)
+    if len(fresh_shapes) and fy.size == len(fresh_shapes):
+        p50, p95 = fit.predict_ms(fresh_shapes)
+        fit = replace(fit, fresh_mape=mape(fy, p50), fresh_p95_coverage=coverage(fy, p95),
+                      fresh_points=int(fy.size))
+    return fit
+
+
+def prefill_schedule(prompt_tokens: int, cached_tokens: int, prefix_tokens: int,
+                     chunk_tokens: int) -> list[tuple[int, int]]:
+    """The chunks ``(tokens, start)`` the engine prefills a prompt in (``Sequence.next_chunk``):
+    the uncached part of the scaffold ``[c, P)`` from ``c``, the rest ``[max(P, c), n)``.
+
+    Raises:
+        InvalidInput: not ``0 <= c <= n``, ``P <= n``, or ``chunk_tokens < 1``.
+    """
+    n, c, p, s = prompt_tokens, cached_tokens, prefix_tokens, chunk_tokens
+    if not (0 <= c <= n and 0 <= p <= n and s >= 1):
+        raise InvalidInput("bad prefill schedule arguments")
+    out: list[tuple[int, int]] = []
+    for lo, hi in ((c, max(p, c)), (max(p, c), n)):
+        pos = lo
+        while pos < hi:
+            end = min(hi, pos + s)
+            out.append((end - pos, pos))
+            pos = end
+    return out
+
+
+def predict_batched_ttft_ms(fit: StepFit, *, prompt_tokens: int, cached_tokens: int, prefix_tokens: int,
+                            chunk_tokens: int, decode_contexts: Sequence[int],
+                            prefills_ahead: Sequence[tuple[int, int]] = ()) -> tuple[float, float]:
+    """Predicted prefill time (model granted to first token) of a new answer joining a running
+    batch, ``(p50 ms, p95 ms)``.
+
+    The engine (``generation.scheduler.Engine._plan``) puts every decoding answer's next token
+    in each step, then prefill chunks in admission order; with the default step token budget a
+    step carries one chunk. So the answers still prefilling ahead of this one
+    (``prefills_ahead``: ``(tokens left, next position)`` each) take their chunks first, then
+    this answer's chunks (:func:`prefill_schedule`) follow, one per step, each step also
+    carrying one decode token per context in ``decode_contexts`` (contexts grow by one a
+    step; answers ahead join the decoders once their prefill ends). Step p50s and p95s add up
+    (the p95 of a sum of positively correlated steps is at most the sum of their p95s).
+
+    Raises:
+        InvalidInput: bad token counts.
+    """
+    ctx = [int(x) for x in decode_contexts]
+    shapes: list[StepShape] = []
+    for left, pos in prefills_ahead:
+        for n, start in prefill_schedule(pos + left, pos, pos, chunk_tokens):
+            shapes.append(StepShape.mixed(n, start, ctx, start + n == pos + left))
+            ctx = [x + 1 for x in ctx]
+        ctx.append(pos + left)
+    for n, start in prefill_schedule(prompt_tokens, cached_tokens, prefix_tokens, chunk_tokens):
+        ends = start + n in (prompt_tokens, prefix_tokens)
+        shapes.append(StepShape.mixed(n, start, ctx, ends))
+        ctx = [x + 1 for x in ctx]
+    if not shapes:
+        return 0.0, 0.0
+    p50, p95 = fit.predict_ms(shapes)
+    return float(p50.sum()), float(p95.sum())
+
+
+class BatchedBand:
+    """A prefill band (``latency_model.planner.PrefillBand``) for an answer that will join a
+    running batch: the wrapped band's prediction for the answer alone, plus what the batch
+    adds by the step model.
+
+    For each row, ``extra = step(batch) - step(alone)`` from :func:`predict_batched_ttft_ms`
+    (p50 and p95 each, never below 0) is added to ``base``'s ``(p50, p95)``, so an empty
+    batch plans exactly as before and the base keeps its calibration and online correction;
+    the step model supplies only the difference the running answers make.
+
+    Args:
+        base: the profile (or corrected profile) the planner would use alone.
+        fit: the profile's mixed-step model.
+        chunk_tokens: the engine's prefill chunk size.
+        decode_contexts: context length of each running answer that is decoding.
+        prefills_ahead: ``(tokens left, next position)`` of each admitted answer still prefilling.
+    """
+
+    def __init__(self, base: Any, fit: StepFit, chunk_tokens: int, decode_contexts: Sequence[int],
+                 prefills_ahead: Sequence[tuple[int, int]] = ()) -> None:
+        self.base, self.fit, self.chunk_tokens = base, fit, int(chunk_tokens)
+        self.decode_contexts = [int(x) for x in decode_contexts]
+        self.prefills_ahead = [(int(a), int(b)) for a, b in prefills_ahead]
+        self.id: str = base.id
+        self.source: str = base.source
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.base, name)
+
+    def batch_extra_ms(self, prompt_tokens: int, cached_tokens: int,
+                       prefix_tokens: int) -> tuple[float, float]:
+        """``(p50, p95)`` ms the running batch adds to this prompt's prefill (>= 0)."""
+        kw = dict(prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, prefix_tokens=prefix_tokens,
+                  chunk_tokens=self.chunk_tokens)
+        alone = predict_batched_ttft_ms(self.fit, decode_contexts=(), **kw)  # type: ignore[arg-type]
+        batch = predict_batched_ttft_ms(self.fit, decode_contexts=self.decode_contexts,  # type: ignore[arg-type]
+                                        prefills_ahead=self.prefills_ahead, **kw)
+        return max(batch[0] - alone[0], 0.0), max(batch[1] - alone[1], 0.0)
+
+    def predict_ttft_many(self, prompt_tokens: ArrayLike, cached_tokens: ArrayLike,
+                          prefix_tokens: ArrayLike | None = None
+                          ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """``((N,) p50 ms, (N,) p95 ms)``: the base band plus :meth:`batch_extra_ms` per row."""
+        p50, p95 = self.base.predict_ttft_many(prompt_tokens, cached_tokens, prefix_tokens)
+        n = np.atleast_1d(np.asarray(prompt_tokens, dtype=np.int64))  # (N,)
+        c = np.broadcast_to(np.atleast_1d(np.asarray(cached_tokens, dtype=np.int64)), n.shape)  # (N,)
+        p = c if prefix_tokens is None else np.broadcast_to(
+            np.atleast_1d(np.asarray(prefix_tokens, dtype=np.int64)), n.shape)  # (N,)
+        extra = np.array([self.batch_extra_ms(int(a), int(b), int(d))
+                          for a, b, d in zip(n, c, p, strict=True)], dtype=np.float64)
+        extra = extra.reshape(-1, 2)  # (N, 2)
+        return (np.asarray(p50 + extra[:, 0], dtype=np.float64),
+                np.asarray(p95 + extra[:, 1], dtype=np.float64))
+
+    def predict_ttft_ms(self, prompt_tokens: int, cached_tokens: int,
+                        prefix_tokens: int | None = None) -> tuple[float, float]:
+        """``(p50, p95)`` ms of one prompt (see :meth:`predict_ttft_many`)."""
+        p50, p95 = self.predict_ttft_many([prompt_tokens], [cached_tokens],
+                                          None if prefix_tokens is None else [prefix_tokens])
+        return float(p50[0]), float(p95[0])

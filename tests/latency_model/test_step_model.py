@@ -1,0 +1,137 @@
+"""The mixed-step model: features, exact recovery, held-out scores, batched TTFT, calibration."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from foundation.errors import InvalidInput
+from latency_model.calibration import StepTimer, calibrate, quick_grid, step_design
+from latency_model.profile import Profile
+from latency_model.step_model import (
+    BatchedBand,
+    StepFit,
+    StepShape,
+    fit_steps,
+    predict_batched_ttft_ms,
+    prefill_schedule,
+    step_features,
+)
+from tests.latency_model.conftest import IDENTITY, FakeTimer, no_cpu_probe
+
+TRUE_STEP = {"a": 20.0, "b": 0.9, "s": 1.5, "g": 4e-4, "e": 2e-3, "h": 0.2}
+
+
+def true_step_ms(shape: StepShape) -> float:
+    x = step_features([shape])[0]
+    return float(x @ np.array(list(TRUE_STEP.values())))
+
+
+class FakeStepTimer(FakeTimer):
+    """A FakeTimer that also times mixed steps by :data:`TRUE_STEP` times lognormal noise."""
+
+    max_running = 8
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(identity={**IDENTITY, "engine": {"prefill_chunk": 256}}, **kw)  # type: ignore[arg-type]
+
+    def step_ms(self, prefill_tokens: int, prefill_pos: int, decode_contexts: list[int],
+                prefill_needs_logits: bool = True) -> float:
+        self.calls.append(("step", prefill_tokens, len(decode_contexts)))
+        shape = StepShape.mixed(prefill_tokens, prefill_pos, decode_contexts, prefill_needs_logits)
+        return true_step_ms(shape) * self._jitter()
+
+
+def random_shapes(n: int, seed: int) -> list[StepShape]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        chunk = rng.choice([0, 7, 64, 256])
+        decoders = rng.choice([1, 3, 8] if chunk == 0 else [0, 1, 3, 8])
+        out.append(StepShape.mixed(chunk, rng.randint(0, 1500),
+                                   [rng.randint(16, 2000) for _ in range(decoders)], rng.random() < 0.8))
+    return out
+
+
+def test_features_count_padded_rows_segments_scores_and_keys() -> None:
+    shape = StepShape.mixed(10, 100, [50, 7])  # chunk of 10 at 100, two decode tokens
+    x = step_features([shape])[0]
+    assert x.tolist() == [1.0, 16.0, 3.0, 10 * 110 + 51 + 8, 110 + 51 + 8, 16.0]
+    assert step_features([StepShape.mixed(10, 0, [], prefill_needs_logits=False)])[0][5] == 0.0
+
+
+def test_noiseless_steps_recover_the_coefficients_and_score_zero() -> None:
+    shapes = random_shapes(60, 1)
+    ms = [true_step_ms(s) for s in shapes]
+    fit = fit_steps(shapes, ms, list(range(len(shapes))))
+    assert fit.loo_point_mape < 1e-6
+    for k, v in TRUE_STEP.items():
+        assert fit.coefficients[k] == pytest.approx(v, rel=1e-5, abs=1e-9)
+
+
+def test_step_fit_round_trips_through_a_dict() -> None:
+    shapes = random_shapes(30, 2)
+    fit = fit_steps(shapes, [true_step_ms(s) for s in shapes], list(range(30)))
+    again = StepFit.from_dict(fit.to_dict())
+    assert again.predict_point_ms(shapes).tolist() == fit.predict_point_ms(shapes).tolist()
+    with pytest.raises(InvalidInput):
+        StepFit.from_dict({**fit.to_dict(), "form": "other"})
+
+
+def test_prefill_schedule_follows_the_engines_chunks() -> None:
+    assert prefill_schedule(600, 83, 83, 256) == [(256, 83), (256, 339), (5, 595)]
+    assert prefill_schedule(600, 0, 83, 256) == [(83, 0), (256, 83), (256, 339), (5, 595)]
+    assert prefill_schedule(300, 0, 0, 256) == [(256, 0), (44, 256)]
+
+
+def test_running_answers_make_a_new_prefill_slower() -> None:
+    shapes = random_shapes(60, 3)
+    fit = fit_steps(shapes, [true_step_ms(s) for s in shapes], list(range(60)))
+    kw = dict(prompt_tokens=900, cached_tokens=83, prefix_tokens=83, chunk_tokens=256)
+    alone = predict_batched_ttft_ms(fit, decode_contexts=[], **kw)  # type: ignore[arg-type]
+    four = predict_batched_ttft_ms(fit, decode_contexts=[500] * 4, **kw)  # type: ignore[arg-type]
+    ahead = predict_batched_ttft_ms(fit, decode_contexts=[500] * 4, prefills_ahead=[(600, 0)],  # type: ignore[arg-type]
+                                    **kw)
+    assert alone[0] < four[0] < ahead[0] and four[0] <= four[1]
+
+
+def test_batched_band_adds_only_what_the_batch_costs(fitted_profile: Profile) -> None:
+    shapes = random_shapes(60, 4)
+    fit = fit_steps(shapes, [true_step_ms(s) for s in shapes], list(range(60)))
+    empty = BatchedBand(fitted_profile, fit, 256, [])
+    busy = BatchedBand(fitted_profile, fit, 256, [300, 900])
+    n, c = [200, 800, 1500], [83, 83, 0]
+    base = fitted_profile.predict_ttft_many(n, c, [83, 83, 83])
+    assert np.allclose(empty.predict_ttft_many(n, c, [83, 83, 83])[0], base[0])
+    p50, p95 = busy.predict_ttft_many(n, c, [83, 83, 83])
+    assert np.all(p50 > base[0]) and np.all(p95 >= p50) and busy.id == fitted_profile.id
+
+
+def test_step_design_is_seeded_and_respects_the_limits() -> None:
+    grid = quick_grid(2048, [83], 256)
+    a, b = step_design(grid, 1, 8, 256), step_design(grid, 1, 8, 256)
+    assert a == b and len(a) == grid.step_points * grid.step_repeats + grid.step_fresh_points
+    for (n, pos, ctx, _), _role in a:
+        assert len(ctx) <= 8 and 0 <= n <= 256 and pos + n < 2048 and (n or ctx)
+        assert all(16 <= x < 2048 for x in ctx)
+
+
+def test_calibration_fits_and_stores_the_step_model() -> None:
+    timer = FakeStepTimer(noise=0.02)
+    assert isinstance(timer, StepTimer)
+    profile = calibrate(timer, grid=quick_grid(2048, [83], 256), seed=4, progress=False,
+                        cpu_probe=no_cpu_probe)
+    fit = profile.step_fit
+    assert fit is not None and fit.loo_point_mape < 0.05 and fit.fresh_points == 16
+    assert fit.fresh_p95_coverage is not None and fit.fresh_p95_coverage >= 0.8
+    assert profile.prefill_model == "chunked" or "chunked" in profile.form_comparison
+    again = Profile.from_json(profile.to_json())
+    assert again.step_fit is not None and again.id == profile.id
+    assert math.isclose(again.step_fit.coefficients["b"], fit.coefficients["b"])
+
+
+def test_a_timer_without_steps_gives_a_profile_without_a_step_model(fitted_profile: Profile) -> None:
+    assert fitted_profile.step_fit is None and "step_model" not in fitted_profile.to_dict()
