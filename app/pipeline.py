@@ -261,7 +261,7 @@ class AnswerPipeline:
 
         engine = getattr(self.services.generator, "engine", None)
         chunk = getattr(self.services.generator, "prefill_chunk", None)
-        fit = profile.step_fit
+        fit = getattr(profile, "step_fit", None)
         if fit is None or engine is None or not hasattr(engine, "batch_snapshot") or not chunk:
             return band
         decoding, prefilling = engine.batch_snapshot()

@@ -27,11 +27,12 @@ the prompt: the scaffold ``[0, P)`` from 0, the rest ``[P, n)`` from ``P``. So
 ``q = ceil((P - c)/S) + ceil((n - max(P, c))/S)`` forward passes run
 (:func:`forward_passes`): ``ceil((n - c)/S)`` on a cache hit (``c = P``), one
 chunk more than that at most on a miss (``c = 0``), ``ceil(n/S)`` with no
-scaffold. Each pass pays the per-layer dispatch and kernel set-up once; a cache
-miss pays it for the scaffold's own chunk, which is most of the difference
-between the ~90 ms an 83-token scaffold's linear layers cost and the ~125 ms a
-cache hit saves on this CPU (docs/latency_model.md). ``S`` is the engine's
-setting, not a fitted number: the predictor is built with ``chunk_tokens=S``.
+scaffold. Each pass pays the per-layer dispatch, the attention set-up and a
+GEMM over at least 16 padded rows once; a cache miss pays that for the
+scaffold's own chunk, so a cached 83-token scaffold saves ~150-230 ms on the
+project's 2-vCPU VM where its 83 tokens alone would explain ~105 ms
+(docs/latency_model.md, fitted k ~ 89 ms). ``S`` is the engine's setting, not a
+fitted number: the predictor is built with ``chunk_tokens=S``.
 
 Every form is a sum of non-negative coefficients times features that grow with
 ``m`` at a fixed cached length, so with non-negative coefficients predictions
