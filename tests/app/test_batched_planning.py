@@ -1,0 +1,58 @@
+"""The pipeline plans a new answer against the running batch when the profile has a step model."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from app.pipeline import AnswerPipeline
+from latency_model.calibration import calibrate, quick_grid
+from latency_model.profile import Profile
+from latency_model.step_model import BatchedBand
+from tests.latency_model.conftest import no_cpu_probe
+from tests.latency_model.test_step_model import FakeStepTimer
+
+
+class FakeEngine:
+    def __init__(self, decoding: list[int], prefilling: list[tuple[int, int]]) -> None:
+        self.state = (decoding, prefilling)
+
+    def batch_snapshot(self) -> tuple[list[int], list[tuple[int, int]]]:
+        return self.state
+
+
+@pytest.fixture(scope="module")
+def step_profile() -> Profile:
+    return calibrate(FakeStepTimer(noise=0.01), grid=quick_grid(2048, [83], 256), seed=5,
+                     progress=False, cpu_probe=no_cpu_probe)
+
+
+def pipeline(engine: Any, online_correction: bool = True) -> AnswerPipeline:
+    settings = SimpleNamespace(queue_max=4, late_binding=True, online_correction=online_correction,
+                               correction_window=40)
+    generator = SimpleNamespace(engine=engine, prefill_chunk=256)
+    return AnswerPipeline(SimpleNamespace(settings=settings, generator=generator))  # type: ignore[arg-type]
+
+
+def test_an_idle_engine_plans_as_before(step_profile: Profile) -> None:
+    band, _ = pipeline(FakeEngine([], [])).planner_profile(step_profile)
+    assert not isinstance(band, BatchedBand)
+
+
+def test_running_answers_raise_the_planned_prefill(step_profile: Profile) -> None:
+    band, state = pipeline(FakeEngine([400, 900, 1200], [(300, 83)])).planner_profile(step_profile)
+    assert isinstance(band, BatchedBand) and state is not None
+    alone, _ = pipeline(FakeEngine([], [])).planner_profile(step_profile)
+    busy_p50, busy_p95 = band.predict_ttft_many([600], [83], [83])
+    alone_p50, _ = alone.predict_ttft_many([600], [83], [83])
+    assert busy_p50[0] > alone_p50[0] and busy_p95[0] >= busy_p50[0]
+
+
+def test_a_profile_without_a_step_model_ignores_the_batch(step_profile: Profile) -> None:
+    body = step_profile.to_dict()
+    body.pop("step_model")
+    plain = Profile.create(**body)
+    band, _ = pipeline(FakeEngine([400], [])).planner_profile(plain)
+    assert not isinstance(band, BatchedBand)
