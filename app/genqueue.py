@@ -14,8 +14,10 @@ profile); the running answer updates its ticket as tokens come. From these,
 would wait: the running answer's remaining decode steps x TPOT plus the
 prefills and ``max_new_tokens`` x TPOT of everyone already waiting (an upper
 estimate: an answer may stop before ``max_new_tokens``), divided by ``slots``
-when several run at once (a rough share: the batched step cost is not modelled
-yet), and 0 while a slot is free.
+when several run at once (a rough share), and 0 while a slot is free. What
+the running answers add to a new answer's own prefill once it has a slot is
+priced in its plan instead (``latency_model.step_model.BatchedBand``, from the
+profile's mixed-step model).
 """
 
 from __future__ import annotations
