@@ -83,3 +83,17 @@ def services_factory(tokenizer, monkeypatch):  # type: ignore[no-untyped-def]
     yield make
     for s in made:
         s.close()
+
+
+@pytest.fixture
+def cli_env(store_settings, tokenizer, monkeypatch):  # type: ignore[no-untyped-def]
+    """The ``ragbudget`` CLI run in process points at the database under test: its settings as
+    ``RAGBUDGET_*`` environment variables, and the session's tokenizer in the services."""
+    from app.services import Services
+
+    s = store_settings
+    for key, value in {"DATA_DIR": s.data_dir, "DATABASE_URL": s.database_url, "AUTH_ENABLED": "false",
+                       "GENERATOR_PATH": s.generator_path, "CHUNK_TOKENS": s.chunk_tokens,
+                       "CHUNK_OVERLAP_TOKENS": s.chunk_overlap_tokens}.items():
+        monkeypatch.setenv(f"RAGBUDGET_{key}", str(value))
+    monkeypatch.setattr(Services, "tokenizer", property(lambda self: tokenizer))

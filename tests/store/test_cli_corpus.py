@@ -6,20 +6,13 @@ from pathlib import Path
 import pytest
 
 from app.cli.main import main
-from app.services import Services
 from retrieval.corpus import MARKER, deb_name, fetch_postgres_docs
 from tests.conftest import CASES, CORPORA
 
 
 @pytest.fixture
-def cli(store_settings, tokenizer, monkeypatch, capsys):  # type: ignore[no-untyped-def]
+def cli(cli_env, capsys):  # type: ignore[no-untyped-def]
     """``cli(*argv) -> (exit code, parsed --json stdout)`` against the database under test."""
-    s = store_settings
-    for key, value in {"DATA_DIR": s.data_dir, "DATABASE_URL": s.database_url, "AUTH_ENABLED": "false",
-                       "GENERATOR_PATH": s.generator_path, "CHUNK_TOKENS": s.chunk_tokens,
-                       "CHUNK_OVERLAP_TOKENS": s.chunk_overlap_tokens}.items():
-        monkeypatch.setenv(f"RAGBUDGET_{key}", str(value))
-    monkeypatch.setattr(Services, "tokenizer", property(lambda self: tokenizer))
 
     def run(*argv: str):  # type: ignore[no-untyped-def]
         capsys.readouterr()

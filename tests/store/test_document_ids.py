@@ -20,7 +20,6 @@ from fastapi.testclient import TestClient
 
 from app.api.app import create_app
 from app.cli.main import main
-from app.services import Services
 from foundation.errors import InvalidDocumentId
 from retrieval.document_ids import MAX_DOCUMENT_ID_BYTES, RULES, check_document_id
 from retrieval.store import IngestItem
@@ -93,13 +92,8 @@ def test_an_nfd_spelling_of_a_stored_id_is_the_same_document(engine, ingest) -> 
 # --- the CLI: files with bad names, NFC/NFD folders ----------------------------------------------------
 
 @pytest.fixture
-def cli(store_settings, tokenizer, monkeypatch, capsys):  # type: ignore[no-untyped-def]
-    s = store_settings
-    for key, value in {"DATA_DIR": s.data_dir, "DATABASE_URL": s.database_url, "AUTH_ENABLED": "false",
-                       "GENERATOR_PATH": s.generator_path, "CHUNK_TOKENS": s.chunk_tokens,
-                       "CHUNK_OVERLAP_TOKENS": s.chunk_overlap_tokens}.items():
-        monkeypatch.setenv(f"RAGBUDGET_{key}", str(value))
-    monkeypatch.setattr(Services, "tokenizer", property(lambda self: tokenizer))
+def cli(cli_env, capsys):  # type: ignore[no-untyped-def]
+    """``cli(*argv) -> (exit code, stdout)`` against the database under test."""
 
     def run(*argv: str):  # type: ignore[no-untyped-def]
         capsys.readouterr()
