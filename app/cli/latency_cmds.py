@@ -8,6 +8,7 @@ from typing import Any
 
 from app.cli.common import add_json_flag, emit, seed_arg
 from foundation.errors import InvalidConfig
+from latency_model.predictors import PREFILL_MODELS
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -18,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cal.add_argument("--seed", type=seed_arg, default=0, help="seed of the interleaved order (default 0)")
     cal.add_argument("--cached-tokens", type=int, nargs="+", metavar="N",
                      help="cached-prefix lengths to measure besides 0 (default: the scaffold sizes)")
-    cal.add_argument("--prefill-model", choices=["linear", "quadratic", "quadratic_split"],
+    cal.add_argument("--prefill-model", choices=sorted(PREFILL_MODELS),
                      help="force a prefill form (default: chosen by held-out error)")
     cal.add_argument("--no-save", action="store_true", help="fit and print, but do not store")
     cal.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
