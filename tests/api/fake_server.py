@@ -25,7 +25,10 @@ TOKEN_S = 0.05
 
 
 class SlowGenerator(EchoGenerator):
-    """:class:`EchoGenerator` that sleeps ``TOKEN_S`` before each token."""
+    """:class:`EchoGenerator` that sleeps ``TOKEN_S`` before each token; like the local engine,
+    it runs up to ``max_running`` answers at once."""
+
+    max_running = 3
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
         for event in super().stream(*args, **kwargs):
