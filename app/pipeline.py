@@ -45,15 +45,15 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from app.answer_state import AnswerEvent, AnswerRequest, InFlight, Prepared
 from app.answer_types import (
     Advice,
     AdviceTimings,
     Answer,
     AnswerError,
-    AnswerStatus,
     AnswerTimings,
     Citation,
     FinishReason,
@@ -62,7 +62,7 @@ from app.answer_types import (
     ProfileRef,
     TokenCounts,
 )
-from app.conversation import Turn, check_roles, retrieval_query
+from app.conversation import check_roles, retrieval_query
 from app.genqueue import Cancelled, GenerationQueue, Ticket
 from app.metrics import AnswerMetrics
 from app.services import Services
@@ -85,106 +85,9 @@ from latency_model.profile import Profile
 if TYPE_CHECKING:
     from app.models import Scaffold
     from app.prompt import Prompt, PromptBuilder, PromptChunk
-    from retrieval.retriever import Hit, RetrievalResult
+    from retrieval.retriever import Hit
 
 log = logging.getLogger("ragbudget.pipeline")
-
-
-@dataclass
-class AnswerRequest:
-    """One question with its TTFT budget. ``revision`` None: the latest revision.
-
-    ``history``: the chat messages before the question (system/developer messages
-    and earlier turns), laid out after the scaffold and used for the retrieval
-    query (:mod:`app.conversation`). ``stop``: stop strings
-    (:mod:`generation.stopping`). ``user``: the client's end-user id, recorded.
-    """
-
-    question: str
-    ttft_budget_ms: float | None = None
-    max_new_tokens: int | None = None
-    revision: int | None = None
-    k_max: int | None = None
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    history: list[Turn] = field(default_factory=list)
-    stop: list[str] = field(default_factory=list)
-    user: str | None = None
-    on_budget_miss: str | None = None  # "answer" | "reject"; None: the configured default
-
-
-ON_BUDGET_MISS = ("answer", "reject")
-MISS_CAUSES = ("queue", "prefill", "overhead")
-
-
-@dataclass
-class Prepared:
-    """Everything decided before generation: retrieval, plan, prompt.
-
-    ``full_prompt`` holds all K candidates (the plan's token counts come from it);
-    ``prompt`` holds the chosen k; ``query`` is the text retrieval embedded
-    (:func:`app.conversation.retrieval_query`). ``arrival_t``/``prepared_t`` are
-    ``time.perf_counter()`` seconds; ``timings_ms`` has ``retrieval_ms``,
-    ``planning_ms``, ``overhead_ms`` (arrival to the plan) and ``auth_ms`` (when a key was checked).
-    ``predicted_wait_ms``: the queue's predicted wait on arrival; ``queue_depth``: requests
-    waiting then; ``planner_profile``: the profile the plan used (corrected or not) and
-    ``correction`` its correction state (None when off); ``late_bound``: the plan was made
-    again when the request got the model (:meth:`AnswerPipeline.bind`).
-    """
-
-    request: AnswerRequest
-    budget_ms: float
-    max_new_tokens: int
-    retrieval: RetrievalResult
-    plan: Plan
-    prompt: Prompt
-    full_prompt: Prompt
-    profile: Profile
-    scaffold: Scaffold
-    scaffold_cached: bool
-    query: str
-    arrival_t: float
-    prepared_t: float
-    timings_ms: dict[str, float] = field(default_factory=dict)
-    predicted_wait_ms: float = 0.0
-    queue_depth: int = 0
-    planner_profile: PrefillBand | None = None
-    correction: CorrectionState | None = None
-    late_bound: bool = False
-
-
-@dataclass
-class InFlight:
-    """One answer while it generates: what the stream produced so far.
-
-    ``first_t``/``last_t``: ``perf_counter()`` of the first token with text and of
-    the latest token; ``n`` events seen; ``stats`` the generator's
-    :class:`GenerationStats` of this answer (None when it never got the model);
-    ``stop`` the stop string that ended it; ``ids_per_event`` every event carried
-    its own token id (a local model, not a remote server's text chunks).
-    """
-
-    status: AnswerStatus = "ok"
-    error: AnswerError | None = None
-    text: list[str] = field(default_factory=list)
-    first_t: float | None = None
-    last_t: float | None = None
-    n: int = 0
-    queue_ms: float | None = None
-    granted_t: float | None = None
-    stats: GenerationStats | None = None
-    stop: str | None = None
-    ids_per_event: bool = True
-
-
-@dataclass
-class AnswerEvent:
-    """A streamed event: ``kind`` is ``token`` (``text``), ``final`` or ``error`` (``summary``)."""
-
-    kind: str
-    text: str = ""
-    summary: Answer | None = None
 
 
 class AnswerPipeline:

@@ -144,7 +144,7 @@ def run_sweep(pipeline: Any, questions: list[dict[str, Any]], *, k_max: int, bud
     ``pipeline`` is an :class:`app.pipeline.AnswerPipeline` (warmed). ``choices``
     holds, per question and budget, the k the planner picks.
     """
-    from app.pipeline import AnswerRequest
+    from app.answer_state import AnswerRequest
     from generation.base import GenParams
     from latency_model.planner import plan as make_plan
 

@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
 
-    from app.pipeline import AnswerPipeline, AnswerRequest
+    from app.answer_state import AnswerRequest
+    from app.pipeline import AnswerPipeline
     from app.services import Services
     from app.settings import get_settings
     from app.sweep import default_questions

@@ -289,7 +289,8 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from app.pipeline import AnswerPipeline, AnswerRequest
+    from app.answer_state import AnswerRequest
+    from app.pipeline import AnswerPipeline
     from app.services import Services
     from app.settings import get_settings
     from generation.assets import ensure_packaged_generator

@@ -11,11 +11,12 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.answer_state import AnswerEvent, AnswerRequest
 from app.answer_types import Advice, AdviceCurve, Answer
 from app.api.clock import arrival_of, auth_ms_of
 from app.api.deps import require_role
 from app.api.streaming import iterate_in_thread
-from app.pipeline import AnswerEvent, AnswerPipeline, AnswerRequest
+from app.pipeline import AnswerPipeline
 from generation.base import MAX_SEED
 
 router = APIRouter(tags=["answers"])

@@ -29,6 +29,7 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
+from app.answer_state import AnswerEvent, AnswerRequest
 from app.answer_types import Answer, AnswerTimings, Citation, PredictedTTFT
 from app.api.chat_request import ChatCompletionCreate, to_chat_request
 from app.api.clock import arrival_of, auth_ms_of
@@ -36,7 +37,7 @@ from app.api.deps import require_role
 from app.api.routes_answer import SSE_RESPONSE, get_pipeline
 from app.api.routes_models import check_model
 from app.api.streaming import iterate_in_thread
-from app.pipeline import AnswerEvent, AnswerPipeline, AnswerRequest
+from app.pipeline import AnswerPipeline
 
 router = APIRouter(tags=["openai"])
 

@@ -72,7 +72,8 @@ def cmd_ask(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyp
     budget, k or revision) raises the pipeline's ``InvalidInput`` before any token, which
     ``app.cli.main`` turns into a one-line message and exit code 2.
     """
-    from app.pipeline import AnswerPipeline, AnswerRequest
+    from app.answer_state import AnswerRequest
+    from app.pipeline import AnswerPipeline
 
     pipeline = AnswerPipeline(services)
     pipeline.warm()  # model loading stays outside the clock; the answer's clock starts at stream()
@@ -103,7 +104,8 @@ def cmd_advise(args: argparse.Namespace, services) -> int:  # type: ignore[no-un
     (prompt, cached and computed tokens; predicted prefill and TTFT p50/p95 in ms, overhead
     included) and the chosen k. Returns 0; bad input raises ``InvalidInput`` (exit 2).
     """
-    from app.pipeline import AnswerPipeline, AnswerRequest
+    from app.answer_state import AnswerRequest
+    from app.pipeline import AnswerPipeline
 
     pipeline = AnswerPipeline(services)
     pipeline.warm()

@@ -107,9 +107,10 @@ def _calibrate(services: Any, state: DemoState) -> None:
 
 
 def _ask(services: Any, state: DemoState, budget_ms: float, max_new: int) -> list[str]:
+    from app.answer_state import AnswerRequest
     from app.answer_types import Answer
     from app.cli.answer_cmds import render_summary
-    from app.pipeline import AnswerPipeline, AnswerRequest
+    from app.pipeline import AnswerPipeline
 
     done = state.get("receipts") or []
     if done:

@@ -15,7 +15,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
 
-from app.pipeline import AnswerPipeline, AnswerRequest
+from app.answer_state import AnswerRequest
+from app.pipeline import AnswerPipeline
 from app.services import Services
 from app.ui.charts import curve_svg, profile_svg
 from app.ui.web import ConsoleRoute, ConsoleUser, console_user, get_services, render

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.answer_state import AnswerRequest
 from app.api.app import create_app
 from app.auth import create_key
-from app.pipeline import AnswerRequest
 from app.services import Services
 from generation.base import GenParams, TokenEvent
 from latency_model.profile import Profile
