@@ -414,13 +414,18 @@ def batching(args: argparse.Namespace) -> int:
     correction stay on in both. Per cell: goodput (answers within budget per minute of the
     cell's wall time), TTFT p50/p95, mean TPOT, and the ratios the issue's goals are stated in.
     """
-    services, app, questions = _build()
+    services, app, questions = _build(auth=args.with_key)
+    headers: dict[str, str] = {}
+    if args.with_key:  # every request carries a copilot key, checked inside the TTFT clock
+        from app.auth import create_key
+
+        headers = {"Authorization": f"Bearer {create_key(services.engine, 'copilot', 'load benchmark')[1]}"}
     engine = services.generator.engine
     configured = int(engine.max_running)
     server = Server(app)
     out: Path = args.out
     header = _header(services, app)
-    header.update(kind="batching-run", max_running=configured)
+    header.update(kind="batching-run", max_running=configured, auth=args.with_key)
     results: dict[tuple[int, str], dict[str, Any]] = {}
     with out.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(header) + "\n")
@@ -430,7 +435,7 @@ def batching(args: argparse.Namespace) -> int:
                 cell_rng = random.Random(f"{args.seed}-batching-{clients}")  # same questions per arm
                 t0 = time.perf_counter()
                 rows = run_cell(server.url, f"closed-{clients}", args.budget, args.tokens,
-                                clients * args.per_client, questions, cell_rng, {}, "answer")
+                                clients * args.per_client, questions, cell_rng, headers, "answer")
                 wall_s = time.perf_counter() - t0
                 ok = [r for r in rows if r["status"] == 200]
                 ttft = [r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None]
@@ -502,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", default="1,2,4,8", help="--batching: closed-loop client counts")
     ap.add_argument("--per-client", type=int, default=3, help="--batching: answers per client")
     ap.add_argument("--tokens", type=int, default=32, help="--batching: max new tokens")
+    ap.add_argument("--with-key", action="store_true", help="--batching: auth on, every request keyed")
     args = ap.parse_args(argv)
     if args.report:
         print(report(args.out))
