@@ -96,15 +96,17 @@ class Services:
             InvalidConfig: unknown backend, int8 on a backend without it, or a bad model path.
         """
         from retrieval.embedding import packaged_embedder_path
-        from retrieval.embedding_runtime import build_embedder
+        from retrieval.embedding_runtime import build_embedder, default_batch_size, resolve_quantization
 
         with self._lock:
             s = self.settings
             path = s.embedder_path or str(packaged_embedder_path())
             return build_embedder(s.embedder_backend, path,
                                   export_root=s.embedder_export_dir or self.data_dir / "models",
-                                  batch_size=s.embed_batch_size, threads=s.torch_threads,
-                                  quantization=s.embedder_quantization)
+                                  batch_size=s.embed_batch_size or default_batch_size(s.embedder_backend),
+                                  threads=s.torch_threads,
+                                  quantization=resolve_quantization(s.embedder_backend,
+                                                                    s.embedder_quantization))
 
     @cached_property
     def retriever(self) -> RetrieverProtocol:

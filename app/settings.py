@@ -29,14 +29,18 @@ class Settings(BaseSettings):
     embedder_path: str | None = Field(None, description="Local sentence-transformers model "
                                       "directory; default: the packaged all-MiniLM-L6-v2.")
     embedder_backend: Literal["torch", "onnx", "openvino"] = Field(
-        "torch", description="Runtime of the embedder: torch (sentence-transformers on PyTorch), onnx "
-        "(ONNX Runtime) or openvino; the model is exported once, offline, under embedder_export_dir. "
-        "Part of the embedder identity: switching re-embeds the corpus.")
-    embedder_quantization: Literal["none", "int8"] = Field(
-        "none", description="int8: dynamic int8 quantisation of the exported graph (onnx backend only).")
+        "onnx", description="Runtime of the embedder: onnx (ONNX Runtime, the default on CPU), torch "
+        "(sentence-transformers on PyTorch) or openvino; onnx/openvino export the model once, offline, "
+        "under embedder_export_dir. Part of the embedder identity: switching re-embeds the corpus.")
+    embedder_quantization: Literal["auto", "none", "int8"] = Field(
+        "auto", description="int8: dynamic int8 quantisation of the exported graph (onnx backend only); "
+        "auto: int8 on onnx, none elsewhere (int8 met the retrieval quality bar, docs/benchmarks.md).")
     embedder_export_dir: Path | None = Field(None, description="Where exported embedder graphs live; "
                                              "default <data_dir>/models.")
-    embed_batch_size: int = Field(32, ge=1, le=1024)
+    embed_batch_size: int | None = Field(None, ge=1, le=1024, description="Chunk texts per forward "
+                                         "pass (part of the embedder identity); default: 1 on onnx and "
+                                         "openvino (each text alone: its vector depends on it only), 32 "
+                                         "on torch.")
     torch_threads: int = Field(2, ge=1, le=256, description="Intra-op threads of torch and of the "
                                "embedder runtime, fixed so embeddings and timings are reproducible.")
 

@@ -23,7 +23,8 @@ One run, every backend on the same texts and queries, interleaved:
    the embedder and embedding one group of 256 texts and 20 queries, over the
    same process's RSS before loading (``psutil``-free: ``/proc/self/status``).
 
-Backends: ``torch``, ``onnx``, ``onnx-int8`` (dynamic int8), ``openvino``.
+Backends: ``torch``, ``onnx``, ``onnx-int8`` (dynamic int8), ``openvino``; a suffix ``@N``
+sets the document batch size (e.g. ``onnx-int8@32``; default: the backend's own).
 Ratios are to torch measured in the same run. The machine (CPU model, cores)
 and load average before/after are printed with the results. Usage::
 
@@ -72,13 +73,16 @@ def rss_kib() -> int:
 
 
 def make_embedder(name: str, export_root: Path, threads: int) -> Any:
-    """``torch`` / ``onnx`` / ``onnx-int8`` / ``openvino`` embedder of the packaged MiniLM."""
+    """The packaged MiniLM on ``backend[-int8][@batch]``: ``torch``, ``onnx``, ``onnx-int8``,
+    ``openvino``; ``@N`` sets the document batch size (default: the backend's, as the app does)."""
     from retrieval.embedding import packaged_embedder_path
-    from retrieval.embedding_runtime import build_embedder
+    from retrieval.embedding_runtime import build_embedder, default_batch_size
 
-    backend, _, quant = name.partition("-")
+    spec, _, batch = name.partition("@")
+    backend, _, quant = spec.partition("-")
     return build_embedder(backend, str(packaged_embedder_path()), export_root=export_root,
-                          threads=threads, quantization=quant or "none")
+                          threads=threads, quantization=quant or "none",
+                          batch_size=int(batch) if batch else default_batch_size(backend))
 
 
 def prepare_corpus(data_dir: Path) -> tuple[Any, Path]:

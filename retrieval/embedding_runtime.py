@@ -48,6 +48,41 @@ from retrieval.embedding import (
 
 BACKENDS = ("torch", "onnx", "openvino")
 QUANTIZATIONS = ("none", "int8")
+# Document batch size per backend when the settings leave it open. The runtimes embed each
+# text alone: no padding, and a text's vector is a function of that text only (ONNX
+# Runtime's dynamic int8 takes one activation scale per input tensor, so in a batch a
+# vector would depend on its batch mates); on 2 cores this is also their fastest setting
+# (docs/benchmarks.md, "Embedder backends"). torch keeps sentence-transformers' 32.
+DEFAULT_BATCH_SIZE = {"torch": 32, "onnx": 1, "openvino": 1}
+# Quantisation per backend for ``auto``: int8 where the runtime has it and it met the
+# quality bar on the 3 015 book-index queries (docs/benchmarks.md).
+DEFAULT_QUANTIZATION = {"torch": "none", "onnx": "int8", "openvino": "none"}
+
+
+def default_batch_size(backend: str) -> int:
+    """Documents per forward pass for ``backend`` when not set (see ``DEFAULT_BATCH_SIZE``).
+
+    Raises:
+        InvalidConfig: unknown backend.
+    """
+    if backend not in DEFAULT_BATCH_SIZE:
+        raise InvalidConfig(f"unknown embedder backend {backend!r} (one of {', '.join(BACKENDS)})")
+    return DEFAULT_BATCH_SIZE[backend]
+
+
+def resolve_quantization(backend: str, quantization: str) -> str:
+    """``none``/``int8`` for ``backend``; ``auto`` picks ``DEFAULT_QUANTIZATION[backend]``.
+
+    Raises:
+        InvalidConfig: unknown backend or quantisation.
+    """
+    if backend not in DEFAULT_QUANTIZATION:
+        raise InvalidConfig(f"unknown embedder backend {backend!r} (one of {', '.join(BACKENDS)})")
+    if quantization == "auto":
+        return DEFAULT_QUANTIZATION[backend]
+    if quantization not in QUANTIZATIONS:
+        raise InvalidConfig(f"unknown embedder quantization {quantization!r} (auto, none or int8)")
+    return quantization
 ORT_GRAPH_OPTIMIZATION = "ORT_ENABLE_ALL"
 
 
@@ -304,15 +339,21 @@ class RuntimeEmbedder:
         return len(enc["input_ids"])
 
 
-def build_embedder(backend: str, path: str, *, export_root: Path, batch_size: int = 32, threads: int = 2,
-                   quantization: str = "none") -> Embedder:
+def build_embedder(backend: str, path: str, *, export_root: Path, batch_size: int | None = None,
+                   threads: int = 2, quantization: str = "none") -> Embedder:
     """The embedder for ``backend``: ``torch`` (sentence-transformers on PyTorch), ``onnx`` or ``openvino``.
+
+    ``batch_size``: chunk texts per forward pass; ``None``: :func:`default_batch_size`
+    (1 on the runtimes, 32 on torch). ``quantization``: ``none``, ``int8`` or ``auto``
+    (:func:`resolve_quantization`).
 
     Raises:
         InvalidConfig: unknown backend, or quantisation asked of a backend without it.
     """
     if backend not in BACKENDS:
         raise InvalidConfig(f"unknown embedder backend {backend!r} (one of {', '.join(BACKENDS)})")
+    quantization = resolve_quantization(backend, quantization)
+    batch_size = batch_size or default_batch_size(backend)
     if backend == "torch":
         if quantization != "none":
             raise InvalidConfig("embedder_quantization=int8 is available on the onnx backend only")

@@ -22,6 +22,11 @@ PG_BASE = os.environ.get("RAGBUDGET_TEST_PG", "postgresql+psycopg://postgres@127
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 CASES = SHARED / "cases"
 CORPORA = SHARED / "corpora"
+# One export of the default (onnx, int8) embedder for the whole suite: every data directory
+# that builds the real embedder reuses the graphs here instead of exporting its own.
+# Exports are written atomically under a lock, so parallel processes share them safely.
+os.environ.setdefault("RAGBUDGET_EMBEDDER_EXPORT_DIR",
+                      str(Path(__file__).resolve().parent.parent / "ragbudget-data" / "models"))
 
 
 def _pg_available() -> bool:

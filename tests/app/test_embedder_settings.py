@@ -33,7 +33,28 @@ def test_int8_on_openvino_is_invalid_config_and_exports_nothing(tmp_path: Path) 
 @pytest.mark.slow
 def test_services_build_the_configured_backend_with_its_export_dir(tmp_path: Path) -> None:
     settings = get_settings(data_dir=tmp_path / "data", embedder_backend="onnx",
-                            embedder_export_dir=EXPORT_ROOT)
+                            embedder_quantization="none", embedder_export_dir=EXPORT_ROOT)
     embedder = Services(settings).embedder
     assert embedder.identity["backend"] == "onnx" and embedder.identity["quantization"] == "none"
     assert EXPORT_ROOT in embedder.graph.parents and not (tmp_path / "data" / "models").exists()
+
+
+@pytest.mark.slow
+def test_the_default_embedder_is_onnx_int8_one_text_per_pass(tmp_path: Path) -> None:
+    embedder = Services(get_settings(data_dir=tmp_path / "data", embedder_export_dir=EXPORT_ROOT)).embedder
+    assert (embedder.identity["backend"], embedder.identity["quantization"]) == ("onnx", "int8-dynamic")
+    assert embedder.identity["batch_size"] == 1
+
+
+def test_torch_keeps_its_batch_of_32_and_no_quantization(tmp_path: Path) -> None:
+    embedder = Services(get_settings(data_dir=tmp_path / "data", embedder_backend="torch")).embedder
+    assert embedder.identity["batch_size"] == 32 and embedder.identity.get("quantization", "none") == "none"
+
+
+def test_auto_quantization_resolves_per_backend() -> None:
+    from retrieval.embedding_runtime import resolve_quantization
+
+    assert [resolve_quantization(b, "auto") for b in ("torch", "onnx", "openvino")] == ["none", "int8", "none"]
+    assert resolve_quantization("onnx", "none") == "none"
+    with pytest.raises(InvalidConfig):
+        resolve_quantization("onnx", "int4")

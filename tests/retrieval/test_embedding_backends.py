@@ -110,7 +110,7 @@ def test_identity_names_backend_runtime_version_quantization_and_graph(
     ident = runtime.identity
     assert ident["backend"] == runtime.backend and ident["quantization"] == "none"
     assert ident["runtime"] in ("onnxruntime", "openvino") and ident["runtime_version"]
-    assert ident["threads"] == 2 and ident["batch_size"] == 32 and ident["query_batch_size"] == 1
+    assert ident["threads"] == 2 and ident["batch_size"] == 1 and ident["query_batch_size"] == 1
     assert all(v.startswith("sha256:") for v in ident["graph_sha256"].values())
     assert ident["weights_sha256"] == torch_embedder.identity["weights_sha256"]
     assert int8.identity["quantization"] == "int8-dynamic"
@@ -130,6 +130,40 @@ def test_vectors_do_not_depend_on_the_instance_or_earlier_calls(runtime: Runtime
     assert other.embedder_id == runtime.embedder_id
     assert other.embed_documents(TEXTS).tobytes() == first.tobytes()
     assert runtime.embed_query(QUERY)[0].tobytes() == q1.tobytes() == other.embed_query(QUERY)[0].tobytes()
+
+
+def test_int8_vector_of_a_text_does_not_depend_on_its_batch_mates(int8: RuntimeEmbedder) -> None:
+    """One text per pass (the runtimes' default batch size): the dynamic int8 activation
+    scale is computed over that text alone, so its vector is the same bits whatever else
+    the call embeds, in whatever order."""
+    together = int8.embed_documents(TEXTS)
+    alone = np.stack([int8.embed_documents([t])[0] for t in TEXTS])
+    reordered = int8.embed_documents(list(reversed(TEXTS)) + ["y " * 300])[:len(TEXTS)][::-1]
+    assert together.tobytes() == alone.tobytes() == reordered.tobytes()
+    assert int8.embed_query(TEXTS[0])[0].tobytes() == together[0].tobytes()
+
+
+def test_int8_in_batches_of_32_would_depend_on_batch_mates() -> None:
+    """Why the default is one text per pass: in a shared batch tensor the int8 scale,
+    and with it a text's vector, changes with what else is in the batch."""
+    batched = build_embedder("onnx", minilm_path(), export_root=EXPORT_ROOT, quantization="int8",
+                             batch_size=32)
+    with_short = batched.embed_documents([TEXTS[0], "x"])[0]
+    with_long = batched.embed_documents([TEXTS[0], "y " * 300])[0]
+    assert with_short.tobytes() != with_long.tobytes()
+
+
+def test_int8_fresh_process_gives_the_same_bits(int8: RuntimeEmbedder) -> None:
+    code = ("import json,sys; from pathlib import Path;"
+            "from retrieval.embedding_runtime import build_embedder;"
+            "e = build_embedder('onnx', sys.argv[1], export_root=Path(sys.argv[2]), quantization='int8');"
+            "t = json.loads(sys.argv[3]);"
+            "print(json.dumps([e.embedder_id, e.embed_documents(t).tobytes().hex()]))")
+    out = subprocess.run([sys.executable, "-c", code, minilm_path(), str(EXPORT_ROOT), json.dumps(TEXTS)],
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=300, check=True)
+    eid, docs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert eid == int8.embedder_id and docs == int8.embed_documents(TEXTS).tobytes().hex()
 
 
 def test_fresh_process_gives_the_same_bits(runtime: RuntimeEmbedder) -> None:
