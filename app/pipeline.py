@@ -148,15 +148,20 @@ class AnswerPipeline:
         return current_profile(self.services)
 
     def planner_profile(self, profile: Profile) -> tuple[PrefillBand, CorrectionState | None]:
-        """The profile plans use: under its online correction when that is on (and its state),
-        and, when the local engine is running other answers and the profile has a mixed-step
-        model, with the time those answers' steps add (:class:`latency_model.step_model.BatchedBand`)."""
-        band: PrefillBand = profile
-        state: CorrectionState | None = None
+        """The profile plans use, and its online correction's state (None when off).
+
+        The fitted profile, with the time the running batch's steps add when the local
+        engine is running other answers and the profile has a mixed-step model
+        (:class:`latency_model.step_model.BatchedBand`); under the online correction when
+        that is on. The correction sits on top of the batch-aware prediction because it
+        learns from it (:meth:`_learn`): its factor and p95 multiplier are residuals of
+        what the batch model already explains, not the batch itself a second time.
+        """
+        band = self._batched(profile, profile)
         if self.online_correction:
-            corrected = CorrectedProfile(profile, self.corrections.get(profile.id))
-            band, state = corrected, corrected.state
-        return self._batched(band, profile), state
+            corrected = CorrectedProfile(band, self.corrections.get(profile.id))
+            return corrected, corrected.state
+        return band, None
 
     def _batched(self, band: PrefillBand, profile: Profile) -> PrefillBand:
         """``band`` under the running batch's added step time, when there is one to model."""
@@ -463,10 +468,12 @@ class AnswerPipeline:
     def _learn(self, p: Prepared, stats: GenerationStats | None, prefill_ms: float | None) -> None:
         """Feed the measured prefill to the profile's online correction (and store its state).
 
-        The pair is the fitted profile's p50 for the tokens actually prefilled
-        (prompt, cached) and the measured time from the model granted to the first
-        token; the p95 in force for it then gives the coverage figure. Fed whether or
-        not the correction is applied, so switching it on starts from the machine as it is.
+        The pair is the uncorrected prediction's p50 for the tokens actually prefilled
+        (prompt, cached), batch-aware as planned (the fitted profile plus what the
+        running batch added when the plan was made), and the measured time from the
+        model granted to the first token; the p95 in force for it then gives the
+        coverage figure. Fed whether or not the correction is applied, so switching it
+        on starts from the machine as it is.
         """
         if stats is None or prefill_ms is None:
             return
@@ -474,8 +481,9 @@ class AnswerPipeline:
 
         prompt, cached = int(stats.prompt_tokens), int(stats.cached_tokens or 0)
         prefix = min(int(p.prompt.scaffold_len), prompt)  # the engine chunks at the scaffold either way
-        fitted_p50 = p.profile.predict_ttft_ms(prompt, cached, max(prefix, cached))[0]
         band = p.planner_profile if p.planner_profile is not None else p.profile
+        fitted = band.profile if isinstance(band, CorrectedProfile) else band
+        fitted_p50 = float(fitted.predict_ttft_many([prompt], [cached], [max(prefix, cached)])[0][0])
         p95_now = float(band.predict_ttft_many([prompt], [cached], [max(prefix, cached)])[1][0])
         correction = self.corrections.get(p.profile.id)
         correction.observe(fitted_p50, prefill_ms, p95_now)

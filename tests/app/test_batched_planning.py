@@ -37,14 +37,17 @@ def pipeline(engine: Any, online_correction: bool = True) -> AnswerPipeline:
 
 
 def test_an_idle_engine_plans_as_before(step_profile: Profile) -> None:
-    band, _ = pipeline(FakeEngine([], [])).planner_profile(step_profile)
-    assert not isinstance(band, BatchedBand)
+    band, _ = pipeline(FakeEngine([], []), online_correction=False).planner_profile(step_profile)
+    assert band is step_profile
+    corrected, _ = pipeline(FakeEngine([], [])).planner_profile(step_profile)
+    assert corrected.profile is step_profile
 
 
 def test_running_answers_raise_the_planned_prefill(step_profile: Profile) -> None:
-    band, state = pipeline(FakeEngine([400, 900, 1200], [(300, 83)])).planner_profile(step_profile)
-    assert isinstance(band, BatchedBand) and state is not None
-    alone, _ = pipeline(FakeEngine([], [])).planner_profile(step_profile)
+    band, state = pipeline(FakeEngine([400, 900, 1200], [(300, 83)]),
+                           online_correction=False).planner_profile(step_profile)
+    assert isinstance(band, BatchedBand) and state is None
+    alone, _ = pipeline(FakeEngine([], []), online_correction=False).planner_profile(step_profile)
     busy_p50, busy_p95 = band.predict_ttft_many([600], [83], [83])
     alone_p50, _ = alone.predict_ttft_many([600], [83], [83])
     assert busy_p50[0] > alone_p50[0] and busy_p95[0] >= busy_p50[0]
@@ -54,5 +57,33 @@ def test_a_profile_without_a_step_model_ignores_the_batch(step_profile: Profile)
     body = step_profile.to_dict()
     body.pop("step_model")
     plain = Profile.create(**body)
-    band, _ = pipeline(FakeEngine([400], [])).planner_profile(plain)
-    assert not isinstance(band, BatchedBand)
+    band, _ = pipeline(FakeEngine([400], []), online_correction=False).planner_profile(plain)
+    assert band is plain
+
+
+def test_the_correction_sits_on_the_batch_aware_prediction(step_profile: Profile) -> None:
+    from latency_model.correction import CorrectedProfile
+
+    band, state = pipeline(FakeEngine([400, 900], [])).planner_profile(step_profile)
+    assert isinstance(band, CorrectedProfile) and isinstance(band.profile, BatchedBand)
+    assert state is not None and not state.active
+    plain, none = pipeline(FakeEngine([400, 900], []), online_correction=False).planner_profile(step_profile)
+    assert isinstance(plain, BatchedBand) and none is None
+
+
+def test_answers_measured_as_the_batch_model_predicts_leave_the_factor_at_one(
+        step_profile: Profile, tmp_path: Any) -> None:
+    """The correction learns from the batch-aware prediction: a batch that slows prefill as
+    the step model says is not read as a slower machine (and then added a second time)."""
+    pipe = pipeline(FakeEngine([400, 900, 1200], [(300, 83)]))
+    pipe.services.data_dir = tmp_path
+    band, _ = pipe.planner_profile(step_profile)
+    batched_p50 = float(band.profile.predict_ttft_many([600], [83], [83])[0][0])
+    alone_p50 = float(step_profile.predict_ttft_many([600], [83], [83])[0][0])
+    assert batched_p50 > 1.2 * alone_p50
+    p = SimpleNamespace(planner_profile=band, profile=step_profile, prompt=SimpleNamespace(scaffold_len=83))
+    stats = SimpleNamespace(prompt_tokens=600, cached_tokens=83)
+    for _ in range(8):
+        pipe._learn(p, stats, batched_p50)  # type: ignore[arg-type]
+    state = pipe.correction_state(step_profile.id)
+    assert state.active and state.n == 8 and abs(state.factor - 1.0) < 1e-9
