@@ -56,7 +56,9 @@ class Prepared:
     ``predicted_wait_ms``: the queue's predicted wait on arrival; ``queue_depth``: requests
     waiting then; ``planner_profile``: the profile the plan used (corrected or not) and
     ``correction`` its correction state (None when off); ``late_bound``: the plan was made
-    again when the request got the model (:meth:`AnswerPipeline.bind`).
+    again when the request got the model (:meth:`AnswerPipeline.bind`); ``granted_band``:
+    the uncorrected, batch-aware prediction as it stood when the request got the model
+    (what the online correction learns against, whether or not the plan was made then).
     """
 
     request: AnswerRequest
@@ -78,6 +80,7 @@ class Prepared:
     planner_profile: PrefillBand | None = None
     correction: CorrectionState | None = None
     late_bound: bool = False
+    granted_band: PrefillBand | None = None
 
 
 @dataclass

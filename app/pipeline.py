@@ -385,6 +385,8 @@ class AnswerPipeline:
                 if self.late_binding:
                     prepared = self.bind(prepared)
                     ticket.prefill_ms = self._ticket(prepared).prefill_ms
+                # The running batch this answer joins, for the correction to learn against.
+                prepared = replace(prepared, granted_band=self._batched(prepared.profile, prepared.profile))
                 if reject:
                     self._check_reachable(prepared, prepared.plan.overhead_ms, 0.0, "granted")
                 # Before the first token, outside queue_ms and prefill_ms (inside ttft_ms).
@@ -469,11 +471,12 @@ class AnswerPipeline:
         """Feed the measured prefill to the profile's online correction (and store its state).
 
         The pair is the uncorrected prediction's p50 for the tokens actually prefilled
-        (prompt, cached), batch-aware as planned (the fitted profile plus what the
-        running batch added when the plan was made), and the measured time from the
-        model granted to the first token; the p95 in force for it then gives the
-        coverage figure. Fed whether or not the correction is applied, so switching it
-        on starts from the machine as it is.
+        (prompt, cached), batch-aware as of the moment the request got the model (the
+        fitted profile plus what the batch it joined adds: ``Prepared.granted_band``; a
+        plan made on arrival, without late binding, may have seen another batch), and
+        the measured time from the model granted to the first token; the p95 in force
+        for it then gives the coverage figure. Fed whether or not the correction is
+        applied, so switching it on starts from the machine as it is.
         """
         if stats is None or prefill_ms is None:
             return
@@ -482,7 +485,8 @@ class AnswerPipeline:
         prompt, cached = int(stats.prompt_tokens), int(stats.cached_tokens or 0)
         prefix = min(int(p.prompt.scaffold_len), prompt)  # the engine chunks at the scaffold either way
         band = p.planner_profile if p.planner_profile is not None else p.profile
-        fitted = band.profile if isinstance(band, CorrectedProfile) else band
+        fitted = p.granted_band if p.granted_band is not None else (
+            band.profile if isinstance(band, CorrectedProfile) else band)
         fitted_p50 = float(fitted.predict_ttft_many([prompt], [cached], [max(prefix, cached)])[0][0])
         p95_now = float(band.predict_ttft_many([prompt], [cached], [max(prefix, cached)])[1][0])
         correction = self.corrections.get(p.profile.id)

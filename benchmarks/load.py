@@ -25,6 +25,9 @@ same answer, predicted without correction). Reported: coverage over answers
 check and to one without (same services, same process, same run); p50/p95 of
 each and the difference.
 
+``--batching --engine-sweep 4x256,8x256,...``: the batched arm only, once per engine
+setting (max running answers x per-step token budget), settings rotated per round.
+
 ``--batching``: batched vs one-at-a-time answers, same run (closed loop at
 ``--clients``, the engine's ``max_running`` vs 1, same questions per cell):
 goodput (answers within budget per minute), TTFT p50/p95, TPOT and the ratios
@@ -273,6 +276,19 @@ def grid(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     with out.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(_header(services, app)) + "\n")
+        if args.grid_warmup and not done:
+            # A server in service has answered before: feed the online correction the
+            # machine as it is now (rows kept as kind "warmup", outside every cell).
+            pipeline.late_binding = pipeline.online_correction = True
+            rows = run_cell(server.url, "closed-1", 3000.0, TOKENS[0], args.grid_warmup, questions,
+                            random.Random(f"{args.seed}-warmup"), {})
+            for r in rows:
+                r.update(kind="warmup", arm="on", load="closed-1", budget=3000.0, tokens=TOKENS[0])
+                fh.write(json.dumps(r) + "\n")
+            fh.flush()
+            state = pipeline.correction_state(pipeline.profile().id)
+            print(f"warm-up: {len(rows)} answers, correction factor {state.factor:.3f}, "
+                  f"p95 multiplier {state.p95_multiplier}", file=sys.stderr, flush=True)
         for load, budget, tokens in cells:
             for arm in ARMS:
                 key = (arm, load, budget, tokens)
@@ -422,6 +438,9 @@ def batching(args: argparse.Namespace) -> int:
         headers = {"Authorization": f"Bearer {create_key(services.engine, 'copilot', 'load benchmark')[1]}"}
     engine = services.generator.engine
     configured = int(engine.max_running)
+    configured_budget = int(engine.step_token_budget)
+    if args.engine_sweep:
+        return engine_sweep(args, services, app, questions, headers, engine, configured, configured_budget)
     server = Server(app)
     out: Path = args.out
     header = _header(services, app)
@@ -463,6 +482,68 @@ def batching(args: argparse.Namespace) -> int:
     return 0
 
 
+def engine_sweep(args: argparse.Namespace, services: Any, app: Any, questions: list[str],
+                 headers: dict[str, str], engine: Any, configured: int, configured_budget: int) -> int:
+    """``--batching --engine-sweep RxB,...``: the batched arm only, once per engine setting
+    (``R`` = max running answers, ``B`` = per-step token budget), at each of ``--clients``,
+    rounds interleaved (settings rotated per round, ``--rounds``), the same questions for every
+    setting of a client count. Reported per setting: goodput, TTFT p50/p95, TPOT, mean k."""
+    settings = [tuple(int(v) for v in item.lower().split("x")) for item in args.engine_sweep.split(",")]
+    server = Server(app)
+    header = _header(services, app)
+    header.update(kind="engine-sweep-run", settings=settings, auth=args.with_key)
+    cells: list[dict[str, Any]] = []
+    with args.out.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(header) + "\n")
+        for rnd in range(args.rounds):
+            order = settings[rnd % len(settings):] + settings[:rnd % len(settings)]
+            for clients in [int(c) for c in args.clients.split(",")]:
+                for running, budget in order:
+                    engine.max_running, engine.step_token_budget = running, budget
+                    cell_rng = random.Random(f"{args.seed}-sweep-{clients}-{rnd}")
+                    t0 = time.perf_counter()
+                    rows = run_cell(server.url, f"closed-{clients}", args.budget, args.tokens,
+                                    clients * args.per_client, questions, cell_rng, headers, "answer")
+                    wall_s = time.perf_counter() - t0
+                    ok = [r for r in rows if r["status"] == 200]
+                    cell = {"kind": "engine-sweep", "round": rnd, "clients": clients, "max_running": running,
+                            "step_token_budget": budget, "budget": args.budget, "tokens": args.tokens,
+                            "requests": len(rows), "answered": len(ok),
+                            "within": sum(1 for r in ok if r["within"]), "wall_s": wall_s,
+                            "loadavg": os.getloadavg(), "rows": rows}
+                    cells.append(cell)
+                    fh.write(json.dumps(cell) + "\n")
+                    fh.flush()
+                    print(f"round {rnd} {clients} clients {running}x{budget}: {cell['within']}/{len(rows)} "
+                          f"within budget ({wall_s:.0f} s)", file=sys.stderr, flush=True)
+    engine.max_running, engine.step_token_budget = configured, configured_budget
+    server.stop()
+    services.close()
+    print(engine_sweep_report(cells))
+    return 0
+
+
+def engine_sweep_report(cells: list[dict[str, Any]]) -> str:
+    """Markdown table of ``--engine-sweep`` cells pooled over rounds, per clients and setting."""
+    groups: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
+    for c in cells:
+        groups.setdefault((c["clients"], c["max_running"], c["step_token_budget"]), []).append(c)
+    lines = ["| clients | max running | step token budget | within budget | goodput /min | TTFT p50 | "
+             "TTFT p95 | TPOT ms | mean k |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for (clients, running, budget), cs in sorted(groups.items()):
+        rows = [r for c in cs for r in c["rows"] if r["status"] == 200]
+        ttft = [r["ttft_ms"] for r in rows if r.get("ttft_ms") is not None]
+        tpot = [r["tpot_ms"] for r in rows if r.get("tpot_ms") is not None]
+        within = sum(1 for r in rows if r["within"])
+        wall = sum(c["wall_s"] for c in cs)
+        lines.append(f"| {clients} | {running} | {budget} | {within}/{sum(c['requests'] for c in cs)} | "
+                     f"{60.0 * within / wall:.1f} | {_pct(ttft, 0.5) or 0:.0f} | "
+                     f"{_pct(ttft, 0.95) or 0:.0f} | "
+                     f"{statistics.fmean(tpot) if tpot else 0:.1f} | "
+                     f"{statistics.fmean(r['k'] for r in rows) if rows else 0:.1f} |")
+    return "\n".join(lines)
+
+
 def batching_report(cells: list[dict[str, Any]]) -> str:
     """Markdown table of ``--batching`` cells with the ratios of the goals (4 clients batched:
     goodput vs serial, TTFT p95 and TPOT vs 1 client batched)."""
@@ -497,6 +578,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", default="0.3,0.6", help="Poisson arrival rates, requests/s")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--report", action="store_true", help="print the table of --out and exit")
+    ap.add_argument("--grid-warmup", type=int, default=0,
+                    help="grid: answers before the first cell (closed loop, 1 client, 3000 ms), so the "
+                    "online correction starts from the machine as it is; rows kept as kind warmup")
     ap.add_argument("--hog", action="store_true", help="the CPU-hog coverage run")
     ap.add_argument("--warmup", type=int, default=10, help="--hog: answers before the hog starts")
     ap.add_argument("--after", type=int, default=40, help="--hog: answers after it started")
@@ -508,6 +592,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-client", type=int, default=3, help="--batching: answers per client")
     ap.add_argument("--tokens", type=int, default=32, help="--batching: max new tokens")
     ap.add_argument("--with-key", action="store_true", help="--batching: auth on, every request keyed")
+    ap.add_argument("--engine-sweep", default="", help="--batching: batched arm only, per engine setting "
+                    "RxB (max running x step token budget), comma-separated, e.g. 4x256,8x256,16x256")
+    ap.add_argument("--rounds", type=int, default=1, help="--engine-sweep: interleaved rounds")
     args = ap.parse_args(argv)
     if args.report:
         print(report(args.out))

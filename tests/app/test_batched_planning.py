@@ -81,9 +81,27 @@ def test_answers_measured_as_the_batch_model_predicts_leave_the_factor_at_one(
     batched_p50 = float(band.profile.predict_ttft_many([600], [83], [83])[0][0])
     alone_p50 = float(step_profile.predict_ttft_many([600], [83], [83])[0][0])
     assert batched_p50 > 1.2 * alone_p50
-    p = SimpleNamespace(planner_profile=band, profile=step_profile, prompt=SimpleNamespace(scaffold_len=83))
+    p = SimpleNamespace(planner_profile=band, profile=step_profile, prompt=SimpleNamespace(scaffold_len=83),
+                        granted_band=None)
     stats = SimpleNamespace(prompt_tokens=600, cached_tokens=83)
     for _ in range(8):
         pipe._learn(p, stats, batched_p50)  # type: ignore[arg-type]
     state = pipe.correction_state(step_profile.id)
     assert state.active and state.n == 8 and abs(state.factor - 1.0) < 1e-9
+
+
+def test_the_correction_learns_against_the_batch_the_answer_joined(step_profile: Profile,
+                                                                   tmp_path: Any) -> None:
+    """Planned on arrival against an idle engine (no late binding), granted into a busy one:
+    the pair the correction learns from is the prediction for the batch it joined."""
+    idle, _ = pipeline(FakeEngine([], [])).planner_profile(step_profile)
+    pipe = pipeline(FakeEngine([400, 900, 1200], [(300, 83)]))
+    pipe.services.data_dir = tmp_path
+    granted = pipe._batched(step_profile, step_profile)
+    assert isinstance(granted, BatchedBand)
+    joined_p50 = float(granted.predict_ttft_many([600], [83], [83])[0][0])
+    p = SimpleNamespace(planner_profile=idle, profile=step_profile, prompt=SimpleNamespace(scaffold_len=83),
+                        granted_band=granted)
+    for _ in range(6):
+        pipe._learn(p, SimpleNamespace(prompt_tokens=600, cached_tokens=83), joined_p50)  # type: ignore[arg-type]
+    assert abs(pipe.correction_state(step_profile.id).factor - 1.0) < 1e-9

@@ -54,7 +54,8 @@ def test_torch_keeps_its_batch_of_32_and_no_quantization(tmp_path: Path) -> None
 def test_auto_quantization_resolves_per_backend() -> None:
     from retrieval.embedding_runtime import resolve_quantization
 
-    assert [resolve_quantization(b, "auto") for b in ("torch", "onnx", "openvino")] == ["none", "int8", "none"]
+    resolved = [resolve_quantization(b, "auto") for b in ("torch", "onnx", "openvino")]
+    assert resolved == ["none", "int8", "none"]
     assert resolve_quantization("onnx", "none") == "none"
     with pytest.raises(InvalidConfig):
         resolve_quantization("onnx", "int4")
