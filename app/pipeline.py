@@ -40,12 +40,14 @@ append; should the process die before that, the next start records the answer as
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.answer_state import AnswerEvent, AnswerRequest, InFlight, Prepared
@@ -76,7 +78,7 @@ from app.validation import (
 from foundation.errors import BudgetUnreachable, TooLarge
 from foundation.hashing import sha256_ints, sha256_text
 from foundation.provenance import software_versions
-from generation.base import GenerationStats, GenParams, TokenEvent
+from generation.base import ON_SUBMIT, GenerationStats, GenParams, TokenEvent
 from generation.stopping import StopMatcher
 from latency_model.correction import CorrectedProfile, CorrectionRegistry, CorrectionState
 from latency_model.planner import Plan, PrefillBand
@@ -101,8 +103,17 @@ class AnswerPipeline:
         # Switches for an A/B in one process (benchmarks/load.py); default from the settings.
         self.late_binding = bool(self.settings.late_binding)
         self.online_correction = bool(self.settings.online_correction)
-        self.corrections = CorrectionRegistry(window=self.settings.correction_window)
+        self.corrections = CorrectionRegistry(loader=self._stored_window,
+                                              window=self.settings.correction_window)
         self._lock = threading.Lock()
+        # Answers granted the model whose prefill the engine does not show yet (between the
+        # plan and the engine's queue): ``(prompt tokens to prefill, first position)`` by key.
+        # Binding and registering happen under ``_admit_lock``, so two answers granted at
+        # once never both plan against a batch that holds neither.
+        self._admit_lock = threading.Lock()
+        self._unsubmitted: dict[int, tuple[int, int]] = {}
+        self._unsubmitted_lock = threading.Lock()
+        self._unsubmitted_keys = itertools.count()
         self._scaffold: Scaffold | None = None
         self._builder: PromptBuilder | None = None
 
@@ -173,9 +184,37 @@ class AnswerPipeline:
         if fit is None or engine is None or not hasattr(engine, "batch_snapshot") or not chunk:
             return band
         decoding, prefilling = engine.batch_snapshot()
+        with self._unsubmitted_lock:
+            prefilling = [*prefilling, *self._unsubmitted.values()]
         if not decoding and not prefilling:
             return band
         return BatchedBand(band, fit, int(chunk), decoding, prefilling)
+
+    def _expect_prefill(self, p: Prepared) -> int:
+        """Count ``p``'s prefill as ahead of later answers until the engine shows it; its key.
+
+        ``(prompt tokens to prefill, first position)``: the whole prompt but a cached
+        scaffold. Removed by :meth:`_submitted` (the generator's ``ON_SUBMIT`` call, or the
+        answer's end, whichever comes first).
+        """
+        cached = int(p.prompt.scaffold_len) if p.scaffold_cached else 0
+        key = next(self._unsubmitted_keys)
+        with self._unsubmitted_lock:
+            self._unsubmitted[key] = (max(len(p.prompt.ids) - cached, 0), cached)
+        return key
+
+    def _submitted(self, key: int | None) -> None:
+        """Stop counting the answer ``key`` (from :meth:`_expect_prefill`) as not yet submitted."""
+        if key is not None:
+            with self._unsubmitted_lock:
+                self._unsubmitted.pop(key, None)
+
+    def _stored_window(self, profile_id: str) -> list[list[Any]]:
+        """What the last process learned for ``profile_id`` (its stored correction window)."""
+        from app.profile_store import load_correction_window
+
+        data_dir = getattr(self.services, "data_dir", None)
+        return load_correction_window(Path(data_dir), profile_id) if data_dir is not None else []
 
     def correction_state(self, profile_id: str) -> CorrectionState:
         """The online correction of ``profile_id`` as it stands (empty when never fed)."""
@@ -378,20 +417,25 @@ class AnswerPipeline:
         slot: AbstractContextManager[float] | None = self.queue.slot(cancel, ticket)
         before_stats: GenerationStats | None = None
         receipt_id: str | None = None  # reserved by the journal row once the answer has the model
+        pending: int | None = None  # this answer's key in _unsubmitted until the engine shows it
         queued_t = time.perf_counter()
         try:
             state.queue_ms = slot.__enter__()  # type: ignore[union-attr]
             try:
-                if self.late_binding:
-                    prepared = self.bind(prepared)
-                    ticket.prefill_ms = self._ticket(prepared).prefill_ms
-                # The running batch this answer joins, for the correction to learn against.
-                prepared = replace(prepared, granted_band=self._batched(prepared.profile, prepared.profile))
+                with self._admit_lock:
+                    if self.late_binding:
+                        prepared = self.bind(prepared)
+                        ticket.prefill_ms = self._ticket(prepared).prefill_ms
+                    # The running batch this answer joins, for the correction to learn against.
+                    joined = self._batched(prepared.profile, prepared.profile)
+                    prepared = replace(prepared, granted_band=joined)
+                    pending = self._expect_prefill(prepared)
                 if reject:
                     self._check_reachable(prepared, prepared.plan.overhead_ms, 0.0, "granted")
                 # Before the first token, outside queue_ms and prefill_ms (inside ttft_ms).
                 receipt_id = self._open_journal(prepared, params, state)
             except BaseException:
+                self._submitted(pending)
                 slot.__exit__(None, None, None)  # type: ignore[union-attr]
                 raise
             state.granted_t = time.perf_counter()
@@ -404,6 +448,8 @@ class AnswerPipeline:
             if slot is not None:
                 # closing(): the generator releases the model lock and finalises its stats
                 # even when the loop stops early (cancel, client gone).
+                key = pending
+                ON_SUBMIT.set(lambda: self._submitted(key))
                 with _closing(gen.stream(prepared.prompt.ids,
                                         cached_prefix_ids=prepared.prompt.scaffold_ids,
                                         params=params, cancel=cancel,
@@ -440,6 +486,8 @@ class AnswerPipeline:
             state.error = AnswerError(code=str(getattr(exc, "code", "generation_failed")),
                                       message=str(exc))
         finally:
+            self._submitted(pending)
+            ON_SUBMIT.set(None)
             if slot is not None:
                 slot.__exit__(None, None, None)
                 # This answer's stats on every path (ok, break, client gone, error), never a
@@ -494,7 +542,7 @@ class AnswerPipeline:
         state = correction.state()
         self.metrics.correction(state.factor, state.p95_multiplier, state.coverage)
         try:
-            save_correction_state(self.services.data_dir, state)
+            save_correction_state(self.services.data_dir, state, correction.window_pairs())
         except OSError:
             log.warning("could not store the online correction of %s", p.profile.id, exc_info=True)
 

@@ -232,8 +232,11 @@ def correction_path(data_dir: Path, profile_id: str) -> Path:
     return profiles_dir(data_dir) / "corrections" / (profile_id.removeprefix("sha256:") + ".json")
 
 
-def save_correction_state(data_dir: Path, state: Any) -> Path:
-    """Store a :class:`latency_model.correction.CorrectionState` (atomically: write, then rename).
+def save_correction_state(data_dir: Path, state: Any,
+                          window: list[tuple[float, float, bool]] | None = None) -> Path:
+    """Store a :class:`latency_model.correction.CorrectionState` (atomically: write, then rename),
+    with the correction's window pairs when given (``window``: what a restarted process
+    reloads, :func:`load_correction_window`).
 
     The serving process writes it after each answer; ``ragbudget profiles show`` reads it.
     The profile file itself (its fitted coefficients) is never touched.
@@ -243,10 +246,21 @@ def save_correction_state(data_dir: Path, state: Any) -> Path:
     """
     path = correction_path(data_dir, state.profile_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(state.to_dict(), sort_keys=True), encoding="utf-8")
+    body = state.to_dict()
+    if window is not None:
+        body["window_pairs"] = [[p50, measured, covered] for p50, measured, covered in window]
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(body, sort_keys=True), encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+def load_correction_window(data_dir: Path, profile_id: str) -> list[list[Any]]:
+    """The stored window pairs ``[fitted p50 ms, measured ms, covered]`` of ``profile_id``'s
+    online correction, oldest first; ``[]`` when none are stored (or the file is unreadable)."""
+    data = load_correction_state(data_dir, profile_id) or {}
+    pairs = data.get("window_pairs")
+    return [p for p in pairs if isinstance(p, list)] if isinstance(pairs, list) else []
 
 
 def load_correction_state(data_dir: Path, profile_id: str) -> dict[str, Any] | None:

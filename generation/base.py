@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -30,6 +31,12 @@ from retrieval.tokens import TextTokenizer
 MAX_SEED = MAX_SAFE_INTEGER
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "cancelled", "error"})
+
+#: Set by a caller around iterating :meth:`Generator.stream`: a generator that batches answers
+#: in an engine calls it once the answer is in the engine's queue (from then on the engine's
+#: own batch snapshot shows it). The answer pipeline uses it to count answers it has planned
+#: but the engine does not show yet. Generators without an engine never call it.
+ON_SUBMIT: ContextVar[Callable[[], None] | None] = ContextVar("ragbudget_on_submit", default=None)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import Any
 
 from foundation.errors import BackendError, InvalidConfig, InvalidInput, RagBudgetError, TooLarge
 from generation.base import (
+    ON_SUBMIT,
     GenerationStats,
     GenParams,
     IncrementalDetokenizer,
@@ -386,6 +387,9 @@ class LocalGenerator:
                 return
             self.engine.submit(seq)
             submitted = True
+            on_submit = ON_SUBMIT.get()
+            if on_submit is not None:
+                on_submit()
             index = 0
             while True:
                 try:

@@ -260,6 +260,18 @@ def test_conformal_multiplier_covers_the_window() -> None:
     assert p50[0] == pytest.approx(100.0 * st.factor)
 
 
+def test_a_steady_window_never_narrows_p95_below_the_fitted_spread() -> None:
+    """Forty answers measured at exactly 1.5x: the conformal multiplier is 1.0, but the p95
+    keeps the fitted p95/p50 spread (a drifting machine is not exchangeable with the window)."""
+    c = OnlineCorrection("p", window=40, min_samples=5)
+    for _ in range(40):
+        c.observe(100.0, 150.0)
+    st = c.state()
+    assert st.factor == pytest.approx(1.5) and st.p95_multiplier == pytest.approx(1.0)
+    p50, p95 = c.apply([100.0], [112.0], st)
+    assert p50[0] == pytest.approx(150.0) and p95[0] == pytest.approx(112.0 * 1.5)
+
+
 def test_corrected_profile_and_registry(api_profile: Any) -> None:
     reg = CorrectionRegistry(window=5, min_samples=1)
     c = reg.get(api_profile.id)

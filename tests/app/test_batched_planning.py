@@ -105,3 +105,34 @@ def test_the_correction_learns_against_the_batch_the_answer_joined(step_profile:
     for _ in range(6):
         pipe._learn(p, SimpleNamespace(prompt_tokens=600, cached_tokens=83), joined_p50)  # type: ignore[arg-type]
     assert abs(pipe.correction_state(step_profile.id).factor - 1.0) < 1e-9
+
+
+def test_an_answer_granted_but_not_yet_in_the_engine_counts_as_a_prefill_ahead(step_profile: Profile) -> None:
+    """Two answers granted at once: the second plans against the first even before the
+    engine's queue shows it; once the engine has it (or it ends), it is no longer counted."""
+    pipe = pipeline(FakeEngine([], []), online_correction=False)
+    first = SimpleNamespace(prompt=SimpleNamespace(ids=list(range(600)), scaffold_len=83),
+                            scaffold_cached=True)
+    key = pipe._expect_prefill(first)  # type: ignore[arg-type]
+    band = pipe._batched(step_profile, step_profile)
+    assert isinstance(band, BatchedBand) and band.prefills_ahead == [(517, 83)]
+    pipe._submitted(key)
+    assert pipe._batched(step_profile, step_profile) is step_profile
+
+
+def test_a_restarted_process_carries_on_from_the_stored_correction(step_profile: Profile,
+                                                                   tmp_path: Any) -> None:
+    """Answers learned by one process are in the next one's window (a CLI `ask` per process
+    still reaches the correction's minimum), and a new profile (a calibration) starts empty."""
+    first = pipeline(FakeEngine([], []))
+    first.services.data_dir = tmp_path
+    p = SimpleNamespace(planner_profile=step_profile, profile=step_profile,
+                        prompt=SimpleNamespace(scaffold_len=83), granted_band=None)
+    p50 = float(step_profile.predict_ttft_many([600], [83], [83])[0][0])
+    for _ in range(6):
+        first._learn(p, SimpleNamespace(prompt_tokens=600, cached_tokens=83), 1.5 * p50)  # type: ignore[arg-type]
+    second = pipeline(FakeEngine([], []))
+    second.services.data_dir = tmp_path
+    state = second.correction_state(step_profile.id)
+    assert state.n == 6 and state.active and state.factor == pytest.approx(1.5)
+    assert second.correction_state("sha256:" + "0" * 64).n == 0
