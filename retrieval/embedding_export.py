@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -254,9 +255,17 @@ def ensure_onnx(model_dir: Path, export_root: Path, model_name: str, weights_sha
 
                 # ONNX shape inference does not type the outputs of ORT's fused (contrib) operators;
                 # every tensor of this graph is float32.
-                quantize_dynamic(str(fused_graph), str(tmp / INT8_ONNX), per_channel=True,
-                                 reduce_range=False, weight_type=QuantType.QInt8,
-                                 extra_options={"DefaultTensorType": TensorProto.FLOAT})
+                # quantize_dynamic logs a generic "consider pre-processing" advice on the root
+                # logger on every call; the fused graph is already optimised, so it is muted.
+                root = logging.getLogger()
+                level = root.level
+                root.setLevel(logging.ERROR)
+                try:
+                    quantize_dynamic(str(fused_graph), str(tmp / INT8_ONNX), per_channel=True,
+                                     reduce_range=False, weight_type=QuantType.QInt8,
+                                     extra_options={"DefaultTensorType": TensorProto.FLOAT})
+                finally:
+                    root.setLevel(level)
 
             _write_atomically(target, quantize)
             _record(directory, source, [INT8_ONNX])
