@@ -45,10 +45,60 @@ def replay_receipt(services: Services, receipt_id: str, *, regenerate: bool = Fa
     """
     rebuild_prompt, regenerate_hook = replay_hooks(services)
     return replay(
-        services.engine, receipt_id, retriever=services.retriever, rebuild_prompt=rebuild_prompt,
+        services.engine, receipt_id, retriever=retriever_for_receipt(services, receipt_id),
+        rebuild_prompt=rebuild_prompt,
         regenerate=regenerate_hook if regenerate else None,
         current_environment=_environment() if regenerate else None, want_regenerate=regenerate,
     )
+
+
+def retriever_for_receipt(services: Services, receipt_id: str) -> Any:
+    """The retriever that embeds queries as ``receipt_id``'s answer did.
+
+    The configured one when its embedder id is the receipt's. Otherwise (the receipt
+    predates a change of embedder backend, quantisation, batch size or threads, e.g. the
+    default moving from torch to onnx int8) an embedder is rebuilt from the receipt's
+    recorded identity on this machine's model files (the configured ``embedder_path``, else
+    the packaged model) and used when its embedder id equals the receipt's: its vectors are
+    the ones stored under that id, so the replay compares like with like. When no such
+    embedder can be built, the configured retriever, and replay reports the difference.
+
+    Raises:
+        UnknownReceipt: no receipt has that id.
+    """
+    from receipts.chain import get_receipt_row, parse_body
+
+    body = parse_body(get_receipt_row(services.engine, receipt_id).body)
+    recorded = (body.get("embedder") or {})
+    want, identity = recorded.get("id"), recorded.get("identity") or {}
+    current = services.retriever
+    if not want or want == services.embedder.embedder_id or not isinstance(identity, dict):
+        return current
+    embedder = _embedder_from_identity(services, identity)
+    if embedder is None or embedder.embedder_id != want:
+        return current
+    from retrieval.retriever import Retriever
+
+    return Retriever(services.engine, embedder, services.data_dir / "index")
+
+
+def _embedder_from_identity(services: Services, identity: dict[str, Any]) -> Any:
+    """An embedder built as ``identity`` records (backend, quantisation, batch size, threads),
+    or None when this machine cannot build one (unknown backend, missing runtime or files)."""
+    from foundation.errors import RagBudgetError
+    from retrieval.embedding import packaged_embedder_path
+    from retrieval.embedding_runtime import build_embedder
+
+    s = services.settings
+    try:
+        return build_embedder(
+            str(identity.get("backend", "torch")), s.embedder_path or str(packaged_embedder_path()),
+            export_root=s.embedder_export_dir or services.data_dir / "models",
+            batch_size=int(identity.get("batch_size") or 0) or None,
+            threads=int(identity.get("threads") or identity.get("torch_threads") or s.torch_threads),
+            quantization="int8" if identity.get("quantization") == "int8-dynamic" else "none")
+    except (RagBudgetError, OSError, ValueError, TypeError):
+        return None
 
 
 def replay_hooks(services: Services) -> tuple[Any, Any]:
