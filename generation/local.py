@@ -262,15 +262,21 @@ class LocalGenerator:
     def decode_step_ms(self, context_tokens: int) -> float:
         """Time one engine decode step of one answer alone after ``context_tokens``, ms.
 
+        The step writes position ``context_tokens`` and yields a second token, so the
+        context must leave room for both.
+
         Raises:
-            InvalidInput: not ``1 <= context_tokens < context_window``.
+            InvalidInput: not ``1 <= context_tokens <= context_window - 2``.
         """
-        if not 1 <= context_tokens < self.context_window:
-            raise InvalidInput(f"bad decode context {context_tokens}")
+        if not 1 <= context_tokens <= self.context_window - 2:
+            raise InvalidInput(f"bad decode context {context_tokens}: a decode step needs "
+                               f"1 <= context <= {self.context_window - 2}")
         ids = self._synthetic_ids(context_tokens)
         with self._lock:
             seq = self._sequence(ids, 0, GenParams(max_new_tokens=2), eos=frozenset())
             self.engine.run_alone(seq)
+            if seq.done:  # never time an empty step
+                raise InvalidInput(f"decode context {context_tokens}: the answer ended at its first token")
             self._sync()
             t0 = time.perf_counter()
             self.engine._step([seq])

@@ -165,10 +165,19 @@ def quick_grid(context_window: int, scaffold_tokens: list[int],
     return CalibrationGrid(
         name="quick", prompt_tokens=ladder, cached_tokens=_cached_list(scaffold_tokens, top),
         repeats=3, warmup=3, fresh_points=16, step_points=32, step_repeats=2, step_fresh_points=16,
-        decode_contexts=tuple(sorted({c for c in (16, 512, 1024) if c < top} | {top})),
+        decode_contexts=_decode_contexts((16, 512, 1024), context_window, top),
         decode_repeats=4, max_prompt_tokens=top,
         note=f"quick grid: prompts {ladder[0]}..{top} tokens of a {context_window}-token window; "
              f"predictions above {top} tokens are extrapolated")
+
+
+def _decode_contexts(ladder: tuple[int, ...], context_window: int, top: int) -> tuple[int, ...]:
+    """Decode contexts to time: ``ladder`` below ``top`` plus the largest one a decode step can
+    have. A decode step after ``c`` tokens writes position ``c`` and yields a second token, so
+    ``c <= context_window - 2`` (at ``context_window - 1`` the answer ends at its first token
+    and there is no step to time)."""
+    last = min(top, context_window - 2)
+    return tuple(sorted({c for c in ladder if c < last} | {last}))
 
 
 def full_grid(context_window: int, scaffold_tokens: list[int],
@@ -186,7 +195,7 @@ def full_grid(context_window: int, scaffold_tokens: list[int],
     return CalibrationGrid(
         name="full", prompt_tokens=ladder, cached_tokens=_cached_list(scaffold_tokens, top),
         repeats=3, warmup=3, fresh_points=24, step_points=64, step_repeats=3, step_fresh_points=24,
-        decode_contexts=tuple(sorted({c for c in (16, 512, 2048, 4096) if c < top} | {top})),
+        decode_contexts=_decode_contexts((16, 512, 2048, 4096), context_window, top),
         decode_repeats=4, max_prompt_tokens=top,
         note=f"full grid: prompts {ladder[0]}..{top} tokens (the whole {context_window}-token window)")
 

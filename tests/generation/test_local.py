@@ -166,6 +166,8 @@ def test_prompt_that_fills_the_context_window_is_rejected(g: Any) -> None:
 
 def test_calibration_timers_return_milliseconds(g: Any) -> None:
     assert g.prefill_ms(48, 0) > 0 and g.prefill_ms(48, 32) > 0 and g.decode_step_ms(48) > 0
+    with pytest.raises(InvalidInput):  # no decode step fits after window - 1 tokens
+        g.decode_step_ms(g.context_window - 1)
     assert len(g.prefix_cache) <= g.prefix_cache.capacity
 
 

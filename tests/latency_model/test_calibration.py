@@ -24,8 +24,15 @@ def test_quick_grid_stops_at_2048_and_says_so() -> None:
 def test_full_grid_reaches_the_context_window() -> None:
     grid = full_grid(8192, [200, 450])
     assert max(grid.prompt_tokens) == 8191 == grid.max_prompt_tokens
-    assert max(grid.decode_contexts) < 8192
+    # The longest decode step has room for the token it writes and the one it yields: at
+    # 8191 the answer ends at its first token and a timer would time an empty step.
+    assert max(grid.decode_contexts) == 8190
     assert grid.cached_tokens == (0, 200, 450)
+
+
+def test_decode_contexts_of_a_small_window_leave_room_for_the_step() -> None:
+    assert max(quick_grid(1000, [50]).decode_contexts) == 998
+    assert max(full_grid(1000, [50]).decode_contexts) == 998
 
 
 def test_small_context_window_caps_the_quick_grid() -> None:
