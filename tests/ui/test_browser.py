@@ -151,6 +151,19 @@ def _wait(driver: Any, css: str) -> Any:
     return WebDriverWait(driver, WAIT_S).until(ec.presence_of_element_located((By.CSS_SELECTOR, css)))
 
 
+def _submit_filters(driver: Any) -> None:
+    """Click "apply filters" and wait for the new page: the old table gone stale, then the
+    new one present (reading rows in between would read the page being replaced)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = driver.find_element(By.ID, "receipts")
+    driver.find_element(By.ID, "apply-filters").click()
+    WebDriverWait(driver, WAIT_S).until(ec.staleness_of(old))
+    _wait(driver, "#receipts")
+
+
 def _sign_in(driver: Any, base: str, key: str) -> None:
     from selenium.webdriver.common.by import By
 
@@ -208,15 +221,13 @@ def test_list_and_filter_receipts(served, browser, shots):
     assert len(rows) == 4
     _shot(browser, shots, "receipts")
     Select(browser.find_element(By.ID, "within")).select_by_value("no")
-    browser.find_element(By.ID, "apply-filters").click()
-    _wait(browser, "#receipts")
+    _submit_filters(browser)
     rows = browser.find_elements(By.CSS_SELECTOR, "#receipts tbody tr[data-receipt]")
     assert [r.get_attribute("data-receipt") for r in rows] == [world.over_budget]
     assert "within=no" in browser.current_url
     _shot(browser, shots, "receipts-over-budget", full=False)
     browser.find_element(By.ID, "document").send_keys("no/such.md")
-    browser.find_element(By.ID, "apply-filters").click()
-    _wait(browser, "#receipts")
+    _submit_filters(browser)
     assert browser.find_elements(By.CSS_SELECTOR, "#receipts tbody tr[data-receipt]") == []
 
 
