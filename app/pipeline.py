@@ -19,7 +19,7 @@ the queue's predicted wait (:meth:`app.genqueue.GenerationQueue.predicted_wait_m
 request gets the model, by :meth:`AnswerPipeline.bind` (the one hook a scheduler
 calls), from the budget minus the time actually spent. With ``online_correction``
 the plans use the fitted profile under :mod:`latency_model.correction`, fed by
-every answer's measured prefill.
+every answer's measured prefill (both kept by :mod:`app.plan_bands`).
 
 When even ``k = 0`` cannot make the budget (``on_budget_miss``): ``answer``
 answers anyway with ``binding == "nothing_fits"``; ``reject`` raises
@@ -40,14 +40,12 @@ append; should the process die before that, the next start records the answer as
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.answer_state import AnswerEvent, AnswerRequest, InFlight, Prepared
@@ -67,6 +65,7 @@ from app.answer_types import (
 from app.conversation import check_roles, retrieval_query
 from app.genqueue import Cancelled, GenerationQueue, Ticket
 from app.metrics import AnswerMetrics
+from app.plan_bands import PlanBands
 from app.services import Services
 from app.validation import (
     check_budget,
@@ -80,7 +79,7 @@ from foundation.hashing import sha256_ints, sha256_text
 from foundation.provenance import software_versions
 from generation.base import ON_SUBMIT, GenerationStats, GenParams, TokenEvent
 from generation.stopping import StopMatcher
-from latency_model.correction import CorrectedProfile, CorrectionRegistry, CorrectionState
+from latency_model.correction import CorrectionRegistry, CorrectionState
 from latency_model.planner import Plan, PrefillBand
 from latency_model.profile import Profile
 
@@ -103,17 +102,10 @@ class AnswerPipeline:
         # Switches for an A/B in one process (benchmarks/load.py); default from the settings.
         self.late_binding = bool(self.settings.late_binding)
         self.online_correction = bool(self.settings.online_correction)
-        self.corrections = CorrectionRegistry(loader=self._stored_window,
-                                              window=self.settings.correction_window)
         self._lock = threading.Lock()
-        # Answers granted the model whose prefill the engine does not show yet (between the
-        # plan and the engine's queue): ``(prompt tokens to prefill, first position)`` by key.
-        # Binding and registering happen under ``_admit_lock``, so two answers granted at
-        # once never both plan against a batch that holds neither.
-        self._admit_lock = threading.Lock()
-        self._unsubmitted: dict[int, tuple[int, int]] = {}
-        self._unsubmitted_lock = threading.Lock()
-        self._unsubmitted_keys = itertools.count()
+        # The planning band, the online correction and the answers granted but not yet seen by
+        # the engine (app.plan_bands); it reads the two switches above when it uses them.
+        self.bands = PlanBands(self)
         self._scaffold: Scaffold | None = None
         self._builder: PromptBuilder | None = None
 
@@ -158,67 +150,35 @@ class AnswerPipeline:
 
         return current_profile(self.services)
 
-    def planner_profile(self, profile: Profile) -> tuple[PrefillBand, CorrectionState | None]:
-        """The profile plans use, and its online correction's state (None when off).
+    # --- the planning band and the online correction (app.plan_bands) ----------------
+    @property
+    def corrections(self) -> CorrectionRegistry:
+        """The online corrections by profile id (:attr:`PlanBands.corrections`)."""
+        return self.bands.corrections
 
-        The fitted profile, with the time the running batch's steps add when the local
-        engine is running other answers and the profile has a mixed-step model
-        (:class:`latency_model.step_model.BatchedBand`); under the online correction when
-        that is on. The correction sits on top of the batch-aware prediction because it
-        learns from it (:meth:`_learn`): its factor and p95 multiplier are residuals of
-        what the batch model already explains, not the batch itself a second time.
-        """
-        band = self._batched(profile, profile)
-        if self.online_correction:
-            corrected = CorrectedProfile(band, self.corrections.get(profile.id))
-            return corrected, corrected.state
-        return band, None
+    def planner_profile(self, profile: Profile) -> tuple[PrefillBand, CorrectionState | None]:
+        """The profile plans use, and its correction's state: :meth:`PlanBands.planner_profile`."""
+        return self.bands.planner_profile(profile)
 
     def _batched(self, band: PrefillBand, profile: Profile) -> PrefillBand:
-        """``band`` under the running batch's added step time, when there is one to model."""
-        from latency_model.step_model import BatchedBand
-
-        engine = getattr(self.services.generator, "engine", None)
-        chunk = getattr(self.services.generator, "prefill_chunk", None)
-        fit = getattr(profile, "step_fit", None)
-        if fit is None or engine is None or not hasattr(engine, "batch_snapshot") or not chunk:
-            return band
-        decoding, prefilling = engine.batch_snapshot()
-        with self._unsubmitted_lock:
-            prefilling = [*prefilling, *self._unsubmitted.values()]
-        if not decoding and not prefilling:
-            return band
-        return BatchedBand(band, fit, int(chunk), decoding, prefilling)
+        """``band`` under the running batch's added step time: :meth:`PlanBands.batched`."""
+        return self.bands.batched(band, profile)
 
     def _expect_prefill(self, p: Prepared) -> int:
-        """Count ``p``'s prefill as ahead of later answers until the engine shows it; its key.
-
-        ``(prompt tokens to prefill, first position)``: the whole prompt but a cached
-        scaffold. Removed by :meth:`_submitted` (the generator's ``ON_SUBMIT`` call, or the
-        answer's end, whichever comes first).
-        """
-        cached = int(p.prompt.scaffold_len) if p.scaffold_cached else 0
-        key = next(self._unsubmitted_keys)
-        with self._unsubmitted_lock:
-            self._unsubmitted[key] = (max(len(p.prompt.ids) - cached, 0), cached)
-        return key
+        """Count ``p``'s prefill as not yet submitted; its key: :meth:`PlanBands.expect_prefill`."""
+        return self.bands.expect_prefill(p)
 
     def _submitted(self, key: int | None) -> None:
-        """Stop counting the answer ``key`` (from :meth:`_expect_prefill`) as not yet submitted."""
-        if key is not None:
-            with self._unsubmitted_lock:
-                self._unsubmitted.pop(key, None)
-
-    def _stored_window(self, profile_id: str) -> list[list[Any]]:
-        """What the last process learned for ``profile_id`` (its stored correction window)."""
-        from app.profile_store import load_correction_window
-
-        data_dir = getattr(self.services, "data_dir", None)
-        return load_correction_window(Path(data_dir), profile_id) if data_dir is not None else []
+        """Stop counting the answer ``key`` as not yet submitted: :meth:`PlanBands.submitted`."""
+        self.bands.submitted(key)
 
     def correction_state(self, profile_id: str) -> CorrectionState:
-        """The online correction of ``profile_id`` as it stands (empty when never fed)."""
-        return self.corrections.get(profile_id).state()
+        """The online correction of ``profile_id`` as it stands: :meth:`PlanBands.correction_state`."""
+        return self.bands.correction_state(profile_id)
+
+    def _learn(self, p: Prepared, stats: GenerationStats | None, prefill_ms: float | None) -> None:
+        """Feed the measured prefill to the online correction: :meth:`PlanBands.learn`."""
+        self.bands.learn(p, stats, prefill_ms)
 
     @staticmethod
     def prompt_chunks(hits: list[Hit]) -> list[PromptChunk]:
@@ -417,12 +377,12 @@ class AnswerPipeline:
         slot: AbstractContextManager[float] | None = self.queue.slot(cancel, ticket)
         before_stats: GenerationStats | None = None
         receipt_id: str | None = None  # reserved by the journal row once the answer has the model
-        pending: int | None = None  # this answer's key in _unsubmitted until the engine shows it
+        pending: int | None = None  # counted by _expect_prefill until the engine shows it
         queued_t = time.perf_counter()
         try:
             state.queue_ms = slot.__enter__()  # type: ignore[union-attr]
             try:
-                with self._admit_lock:
+                with self.bands.admit_lock:
                     if self.late_binding:
                         prepared = self.bind(prepared)
                         ticket.prefill_ms = self._ticket(prepared).prefill_ms
@@ -515,37 +475,6 @@ class AnswerPipeline:
         return final
 
     # --- receipt and summary --------------------------------------------------------
-    def _learn(self, p: Prepared, stats: GenerationStats | None, prefill_ms: float | None) -> None:
-        """Feed the measured prefill to the profile's online correction (and store its state).
-
-        The pair is the uncorrected prediction's p50 for the tokens actually prefilled
-        (prompt, cached), batch-aware as of the moment the request got the model (the
-        fitted profile plus what the batch it joined adds: ``Prepared.granted_band``; a
-        plan made on arrival, without late binding, may have seen another batch), and
-        the measured time from the model granted to the first token; the p95 in force
-        for it then gives the coverage figure. Fed whether or not the correction is
-        applied, so switching it on starts from the machine as it is.
-        """
-        if stats is None or prefill_ms is None:
-            return
-        from app.profile_store import save_correction_state
-
-        prompt, cached = int(stats.prompt_tokens), int(stats.cached_tokens or 0)
-        prefix = min(int(p.prompt.scaffold_len), prompt)  # the engine chunks at the scaffold either way
-        band = p.planner_profile if p.planner_profile is not None else p.profile
-        fitted = p.granted_band if p.granted_band is not None else (
-            band.profile if isinstance(band, CorrectedProfile) else band)
-        fitted_p50 = float(fitted.predict_ttft_many([prompt], [cached], [max(prefix, cached)])[0][0])
-        p95_now = float(band.predict_ttft_many([prompt], [cached], [max(prefix, cached)])[1][0])
-        correction = self.corrections.get(p.profile.id)
-        correction.observe(fitted_p50, prefill_ms, p95_now)
-        state = correction.state()
-        self.metrics.correction(state.factor, state.p95_multiplier, state.coverage)
-        try:
-            save_correction_state(self.services.data_dir, state, correction.window_pairs())
-        except OSError:
-            log.warning("could not store the online correction of %s", p.profile.id, exc_info=True)
-
     def _finish(self, p: Prepared, params: GenParams, state: InFlight,
                 receipt_id: str | None = None) -> Answer:
         """Compute timings, write the receipt, record metrics; return the :class:`Answer`.

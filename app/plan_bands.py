@@ -1,0 +1,155 @@
+"""The prefill band the answer pipeline plans with, and the online correction that learns it.
+
+One :class:`PlanBands` per :class:`app.pipeline.AnswerPipeline`. It answers "what will the
+prefill of this prompt take, here and now": the fitted profile
+(:mod:`latency_model.profile`), plus the time the local engine's running batch adds
+(:class:`latency_model.step_model.BatchedBand`, when the profile has a step model), under the
+online correction (:mod:`latency_model.correction`) when the pipeline's ``online_correction``
+is on. It keeps:
+
+* the correction registry (one correction per profile id), seeded from the window a previous
+  process stored (:func:`app.profile_store.load_correction_window`) and fed, after every
+  answer, the measured prefill against the batch-aware prediction (:meth:`PlanBands.learn`);
+* the answers granted the model whose prefill the engine does not show yet, so two answers
+  granted at once plan against each other (:meth:`PlanBands.expect_prefill`,
+  :meth:`PlanBands.submitted`, :data:`generation.base.ON_SUBMIT`), and the lock under which
+  the pipeline binds and registers an answer (:attr:`PlanBands.admit_lock`).
+
+The pipeline's ``late_binding`` and ``online_correction`` switches are flipped at run time (an
+A/B in one process, ``benchmarks/load.py``), so they are read from the pipeline on every call,
+never copied here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from latency_model.correction import CorrectedProfile, CorrectionRegistry, CorrectionState
+from latency_model.planner import PrefillBand
+from latency_model.profile import Profile
+
+if TYPE_CHECKING:
+    from app.answer_state import Prepared
+    from app.pipeline import AnswerPipeline
+    from generation.base import GenerationStats
+
+log = logging.getLogger("ragbudget.pipeline")
+
+
+class PlanBands:
+    """The batch-aware planning band and the online correction of one pipeline.
+
+    ``pipeline``: the owner; its ``services``, ``metrics`` and ``online_correction`` are read
+    when used (the switch may change between answers).
+    """
+
+    def __init__(self, pipeline: AnswerPipeline) -> None:
+        self._pipeline = pipeline
+        self.corrections = CorrectionRegistry(loader=self.stored_window,
+                                              window=pipeline.settings.correction_window)
+        # Answers granted the model whose prefill the engine does not show yet (between the
+        # plan and the engine's queue): ``(prompt tokens to prefill, first position)`` by key.
+        # Binding and registering happen under ``admit_lock``, so two answers granted at
+        # once never both plan against a batch that holds neither.
+        self.admit_lock = threading.Lock()
+        self._unsubmitted: dict[int, tuple[int, int]] = {}
+        self._unsubmitted_lock = threading.Lock()
+        self._unsubmitted_keys = itertools.count()
+
+    def planner_profile(self, profile: Profile) -> tuple[PrefillBand, CorrectionState | None]:
+        """The profile plans use, and its online correction's state (None when off).
+
+        The fitted profile, with the time the running batch's steps add when the local
+        engine is running other answers and the profile has a mixed-step model
+        (:class:`latency_model.step_model.BatchedBand`); under the online correction when
+        that is on. The correction sits on top of the batch-aware prediction because it
+        learns from it (:meth:`learn`): its factor and p95 multiplier are residuals of
+        what the batch model already explains, not the batch itself a second time.
+        """
+        band = self.batched(profile, profile)
+        if self._pipeline.online_correction:
+            corrected = CorrectedProfile(band, self.corrections.get(profile.id))
+            return corrected, corrected.state
+        return band, None
+
+    def batched(self, band: PrefillBand, profile: Profile) -> PrefillBand:
+        """``band`` under the running batch's added step time, when there is one to model."""
+        from latency_model.step_model import BatchedBand
+
+        generator = self._pipeline.services.generator
+        engine = getattr(generator, "engine", None)
+        chunk = getattr(generator, "prefill_chunk", None)
+        fit = getattr(profile, "step_fit", None)
+        if fit is None or engine is None or not hasattr(engine, "batch_snapshot") or not chunk:
+            return band
+        decoding, prefilling = engine.batch_snapshot()
+        with self._unsubmitted_lock:
+            prefilling = [*prefilling, *self._unsubmitted.values()]
+        if not decoding and not prefilling:
+            return band
+        return BatchedBand(band, fit, int(chunk), decoding, prefilling)
+
+    def expect_prefill(self, p: Prepared) -> int:
+        """Count ``p``'s prefill as ahead of later answers until the engine shows it; its key.
+
+        ``(prompt tokens to prefill, first position)``: the whole prompt but a cached
+        scaffold. Removed by :meth:`submitted` (the generator's ``ON_SUBMIT`` call, or the
+        answer's end, whichever comes first).
+        """
+        cached = int(p.prompt.scaffold_len) if p.scaffold_cached else 0
+        key = next(self._unsubmitted_keys)
+        with self._unsubmitted_lock:
+            self._unsubmitted[key] = (max(len(p.prompt.ids) - cached, 0), cached)
+        return key
+
+    def submitted(self, key: int | None) -> None:
+        """Stop counting the answer ``key`` (from :meth:`expect_prefill`) as not yet submitted."""
+        if key is not None:
+            with self._unsubmitted_lock:
+                self._unsubmitted.pop(key, None)
+
+    def stored_window(self, profile_id: str) -> list[list[Any]]:
+        """What the last process learned for ``profile_id`` (its stored correction window)."""
+        from app.profile_store import load_correction_window
+
+        data_dir = getattr(self._pipeline.services, "data_dir", None)
+        return load_correction_window(Path(data_dir), profile_id) if data_dir is not None else []
+
+    def correction_state(self, profile_id: str) -> CorrectionState:
+        """The online correction of ``profile_id`` as it stands (empty when never fed)."""
+        return self.corrections.get(profile_id).state()
+
+    def learn(self, p: Prepared, stats: GenerationStats | None, prefill_ms: float | None) -> None:
+        """Feed the measured prefill to the profile's online correction (and store its state).
+
+        The pair is the uncorrected prediction's p50 for the tokens actually prefilled
+        (prompt, cached), batch-aware as of the moment the request got the model (the
+        fitted profile plus what the batch it joined adds: ``Prepared.granted_band``; a
+        plan made on arrival, without late binding, may have seen another batch), and
+        the measured time from the model granted to the first token; the p95 in force
+        for it then gives the coverage figure. Fed whether or not the correction is
+        applied, so switching it on starts from the machine as it is.
+        """
+        if stats is None or prefill_ms is None:
+            return
+        from app.profile_store import save_correction_state
+
+        prompt, cached = int(stats.prompt_tokens), int(stats.cached_tokens or 0)
+        prefix = min(int(p.prompt.scaffold_len), prompt)  # the engine chunks at the scaffold either way
+        band = p.planner_profile if p.planner_profile is not None else p.profile
+        fitted = p.granted_band if p.granted_band is not None else (
+            band.profile if isinstance(band, CorrectedProfile) else band)
+        fitted_p50 = float(fitted.predict_ttft_many([prompt], [cached], [max(prefix, cached)])[0][0])
+        p95_now = float(band.predict_ttft_many([prompt], [cached], [max(prefix, cached)])[1][0])
+        correction = self.corrections.get(p.profile.id)
+        correction.observe(fitted_p50, prefill_ms, p95_now)
+        state = correction.state()
+        self._pipeline.metrics.correction(state.factor, state.p95_multiplier, state.coverage)
+        try:
+            save_correction_state(self._pipeline.services.data_dir, state, correction.window_pairs())
+        except OSError:
+            log.warning("could not store the online correction of %s", p.profile.id, exc_info=True)
