@@ -1,0 +1,238 @@
+"""What an answer leaves behind: its :class:`app.answer_types.Answer` summary, its receipt and
+its journal row.
+
+One :class:`AnswerReceipts` per :class:`app.pipeline.AnswerPipeline`. When an answer ends (ok,
+cancelled or failed once the pipeline started), :meth:`AnswerReceipts.finish` computes its
+timings from the :class:`app.answer_state.InFlight` clock readings (definitions in
+:mod:`app.pipeline`), feeds the measured prefill to the online correction
+(:meth:`app.plan_bands.PlanBands.learn`), appends exactly one receipt to the chain
+(:func:`receipts.chain.append_receipt`, body from :func:`receipts.schema.build_receipt_body`)
+and records the metrics. Before the first token :meth:`AnswerReceipts.open_journal` writes the
+journal row (:mod:`receipts.journal`) that the receipt's append deletes, so a process killed
+mid-answer still leaves a receipt (``interrupted``) at the next start.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from app.answer_state import InFlight, Prepared
+from app.answer_types import (
+    Answer,
+    AnswerTimings,
+    Citation,
+    FinishReason,
+    PredictedTTFT,
+    TokenCounts,
+)
+from foundation.hashing import sha256_ints, sha256_text
+from foundation.provenance import software_versions
+from generation.base import GenParams
+
+if TYPE_CHECKING:
+    from app.pipeline import AnswerPipeline
+
+log = logging.getLogger("ragbudget.pipeline")
+
+
+class AnswerReceipts:
+    """The summary, receipt and journal row of each answer of one pipeline.
+
+    ``pipeline``: the owner; its ``services`` (the database engine, the generator's
+    identity), ``metrics`` and online correction (``_learn``) are read when used.
+    """
+
+    def __init__(self, pipeline: AnswerPipeline) -> None:
+        self._pipeline = pipeline
+
+    def finish(self, p: Prepared, params: GenParams, state: InFlight,
+               receipt_id: str | None = None) -> Answer:
+        """Compute timings, write the receipt, record metrics; return the :class:`Answer`.
+
+        ``receipt_id``: the id the answer's journal row reserved (its receipt takes it and
+        the row goes in the same transaction); None: a fresh id.
+        """
+        summary, out_ids, prefill_ms = self.summary(p, state)
+        self._pipeline._learn(p, state.stats, prefill_ms)
+        try:
+            engine_prompt = state.stats.engine_prompt if state.stats is not None else None
+            summary.receipt_id = self.write(p, params, summary, out_ids, engine_prompt,
+                                            receipt_id=receipt_id)
+        except Exception as exc:
+            log.exception("receipt write failed")
+            summary.receipt_error = str(exc)
+        self._pipeline.metrics.observe(summary)
+        return summary
+
+    def summary(self, p: Prepared, state: InFlight) -> tuple[Answer, list[int], float | None]:
+        """The :class:`Answer` for ``state`` as it stands (no side effects), the output token ids
+        and the measured prefill (ms, None before a first token)."""
+        stats = state.stats
+        first_t, last_t = state.first_t, state.last_t
+        ttft_ms = (first_t - p.arrival_t) * 1000.0 if first_t is not None else None
+        out_ids = list(stats.output_token_ids) if stats is not None else []
+        if state.stop is not None and state.ids_per_event:
+            out_ids = out_ids[:state.n]  # tokens a backend made past the stop were never shown
+        n_out = len(out_ids) if out_ids else state.n
+        tpot_ms = ((last_t - first_t) * 1000.0 / (n_out - 1)
+                   if first_t is not None and last_t is not None and n_out > 1 else None)
+        text = "".join(state.text)
+        prompt_tokens = p.prompt.prompt_tokens
+        cached_tokens = int(stats.cached_tokens or 0) if stats is not None else 0
+        k = p.plan.chosen_k if p.plan.chosen_k is not None else 0
+        row = p.plan.rows[k] if p.plan.rows and k < len(p.plan.rows) else None
+        prefill_ms = ((first_t - state.granted_t) * 1000.0
+                      if first_t is not None and state.granted_t is not None else None)
+        spent_ms = ((state.granted_t - p.arrival_t) * 1000.0 if state.granted_t is not None else None)
+        within = None if ttft_ms is None else bool(ttft_ms <= p.budget_ms)
+        corr = p.correction
+        summary = Answer(
+            status=state.status, error=state.error, text=text,
+            question=p.request.question, ttft_budget_ms=p.budget_ms,
+            # measured TTFT <= budget; None when no token came (nothing to measure).
+            within_budget=within,
+            budget_miss_cause=(_miss_cause(p, row, spent_ms, state.queue_ms) if within is False
+                               else None),
+            revision=p.retrieval.revision, chosen_k=k, binding=p.plan.binding,
+            # predicted TTFT = measured pre-prefill overhead + the profile's prefill p50/p95,
+            # the same quantity as the measured ttft_ms (arrival to first token).
+            predicted=PredictedTTFT(
+                ttft_p50_ms=row.ttft_p50_ms + p.plan.overhead_ms if row else None,
+                ttft_p95_ms=row.ttft_p95_ms + p.plan.overhead_ms if row else None,
+                prefill_p50_ms=row.ttft_p50_ms if row else None,
+                overhead_ms=p.plan.overhead_ms, profile_id=p.profile.id,
+                profile_source=p.profile.source, wait_ms=p.predicted_wait_ms,
+                late_bound=p.late_bound,
+                correction_factor=corr.factor if corr is not None else None,
+                p95_multiplier=corr.p95_multiplier if corr is not None else None),
+            timings=AnswerTimings(
+                queue_ms=state.queue_ms, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
+                retrieval_ms=p.timings_ms.get("retrieval_ms"),
+                overhead_ms=p.timings_ms.get("overhead_ms"),
+                total_ms=(time.perf_counter() - p.arrival_t) * 1000.0,
+                auth_ms=p.timings_ms.get("auth_ms"), planning_ms=p.timings_ms.get("planning_ms"),
+                prefill_ms=prefill_ms),
+            tokens=TokenCounts(prompt=prompt_tokens, cached=cached_tokens,
+                               computed=prompt_tokens - cached_tokens, output=n_out),
+            citations=[Citation.of(h) for h in p.retrieval.hits[:k]],
+            receipt_id=None,
+            finish_reason=_finish_reason(state, p.max_new_tokens, n_out), stop_sequence=state.stop,
+        )
+        return summary, out_ids, prefill_ms
+
+    def open_journal(self, p: Prepared, params: GenParams, state: InFlight) -> str | None:
+        """Write the answer's journal row before its first token (:mod:`receipts.journal`): the
+        receipt body as known now (status ``interrupted``, no output, timings up to the model
+        grant), so a process killed mid-answer still leaves a receipt, written at the next
+        start. Returns the receipt id it reserved; None when the write failed (logged; the
+        answer goes on, and its receipt is still written when it ends)."""
+        from receipts.chain import new_receipt_id
+        from receipts.journal import open_entry
+
+        try:
+            summary, _ids, _prefill = self.summary(p, state)
+            summary.status = "interrupted"
+            summary.timings.total_ms = None  # not known: the answer has not ended
+            body = self.body(p, params, summary, [], with_output=False)
+            receipt_id = new_receipt_id()
+            open_entry(self._pipeline.services.engine, receipt_id, body)
+        except Exception:
+            log.exception("could not write the answer's journal row; a crash now would lose its receipt")
+            return None
+        return receipt_id
+
+    def write(self, p: Prepared, params: GenParams, summary: Answer,
+              out_ids: list[int], engine_prompt: dict[str, Any] | None = None, *,
+              receipt_id: str | None = None) -> str:
+        """Append this answer's receipt to the chain (as ``receipt_id`` when its journal row
+        reserved one, deleting the row in the same transaction); return its id.
+
+        ``engine_prompt``: a remote engine's own split of the prompt when it differs from
+        ragbudget's ids (:mod:`generation.remote_text`), recorded under ``extra``.
+        """
+        from receipts.chain import append_receipt
+
+        body = self.body(p, params, summary, out_ids, engine_prompt)
+        return str(append_receipt(self._pipeline.services.engine, body, receipt_id=receipt_id).id)
+
+    def body(self, p: Prepared, params: GenParams, summary: Answer, out_ids: list[int],
+             engine_prompt: dict[str, Any] | None = None, *,
+             with_output: bool = True) -> dict[str, Any]:
+        """The receipt body of ``summary`` (validated; ``output`` null unless ``with_output``)."""
+        from receipts.schema import build_receipt_body
+
+        gen = self._pipeline.services.generator
+        r = p.retrieval
+        ident = dict(gen.identity)
+        text = summary.text
+        return build_receipt_body(
+            question=p.request.question,
+            corpus={"revision": r.revision, "root_hash": r.root_hash},
+            embedder={"id": r.embedder_id, "identity": r.embedder},
+            request={"messages": [t.to_dict() for t in p.request.history]
+                     + [{"role": "user", "content": p.request.question}], "user": p.request.user},
+            retrieval={"k_candidates": r.k, "index": r.index, "query_truncated": r.query_truncated,
+                       "query": p.query},
+            candidates=[{"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id,
+                         "document_id": h.document_id, "version": h.version,
+                         "chunk_hash": h.chunk_hash} for h in r.hits],
+            plan={"budget_ms": p.budget_ms, "chosen_k": summary.chosen_k,
+                  "binding": p.plan.binding,
+                  "predicted_ttft_p50_ms": summary.predicted.ttft_p50_ms,
+                  "predicted_ttft_p95_ms": summary.predicted.ttft_p95_ms,
+                  "profile_id": p.profile.id, "profile_source": p.profile.source,
+                  "overhead_ms": p.timings_ms.get("overhead_ms"),
+                  "scaffold_cached": p.scaffold_cached, "rows": p.plan.to_dict().get("rows", []),
+                  "predicted_wait_ms": p.predicted_wait_ms, "late_bound": p.late_bound,
+                  "correction": p.correction.to_dict() if p.correction is not None else None},
+            scaffold={"id": p.scaffold.id, "name": p.scaffold.name, "hash": p.scaffold.hash},
+            prompt={"token_ids_hash": p.prompt.prompt_hash, "prompt_tokens": summary.tokens.prompt,
+                    "cached_tokens": summary.tokens.cached,
+                    "computed_tokens": summary.tokens.computed},
+            generator={"backend": ident.get("backend"), "model_id": ident.get("model_id"),
+                       "weights_hash": ident.get("weights_hash"), "dtype": ident.get("dtype"),
+                       "device": ident.get("device"),
+                       "params": {**params.to_dict(), "stop": list(p.request.stop)},
+                       "chat_template": ident.get("chat_template"),
+                       # the local engine's prefill chunking, which replay reuses
+                       **({"engine": ident["engine"]} if ident.get("engine") else {})},
+            timings=summary.timings.model_dump(),
+            output=({"text": text, "text_hash": sha256_text(text),
+                     "token_ids": out_ids, "token_ids_hash": sha256_ints(out_ids),
+                     "output_tokens": summary.tokens.output, "finish_reason": summary.finish_reason,
+                     "stop_sequence": summary.stop_sequence} if with_output else None),
+            status=summary.status,
+            error=summary.error.model_dump() if summary.error is not None else None,
+            software=software_versions(),
+            **({"extra": {"engine_prompt": engine_prompt}} if engine_prompt else {}),
+        )
+
+
+def _miss_cause(p: Prepared, row: Any, spent_ms: float | None, queue_ms: float | None) -> str:
+    """Why a measured TTFT went over budget: ``prefill`` (the plan fitted at p95 once the model
+    was free, so the prefill took longer than predicted), else what ate the budget before
+    prefill: ``queue`` (the wait for the model was the larger part) or ``overhead`` (auth,
+    parsing, retrieval, planning)."""
+    if spent_ms is None or row is None:
+        return "overhead"
+    if spent_ms + row.ttft_p95_ms <= p.budget_ms:
+        return "prefill"
+    q = queue_ms or 0.0
+    return "queue" if q >= spent_ms - q else "overhead"
+
+
+def _finish_reason(state: InFlight, max_new_tokens: int, n_out: int) -> FinishReason:
+    """Why generation ended: ``stop`` (a stop string or the end of sequence), ``length``,
+    ``cancelled`` or ``error``."""
+    if state.stop is not None:
+        return "stop"
+    if state.status == "cancelled":
+        return "cancelled"
+    if state.status == "failed":
+        return "error"
+    reason = state.stats.finish_reason if state.stats is not None else None
+    if reason == "stop" or reason == "length":
+        return reason
+    return "length" if n_out >= max_new_tokens else "stop"
