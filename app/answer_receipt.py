@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app.answer_state import InFlight, Prepared
 from app.answer_types import (
@@ -31,9 +31,6 @@ from foundation.hashing import sha256_ints, sha256_text
 from foundation.provenance import software_versions
 from generation.base import GenParams
 
-if TYPE_CHECKING:
-    from app.pipeline import AnswerPipeline
-
 log = logging.getLogger("ragbudget.pipeline")
 
 
@@ -44,7 +41,7 @@ class AnswerReceipts:
     identity), ``metrics`` and online correction (``_learn``) are read when used.
     """
 
-    def __init__(self, pipeline: AnswerPipeline) -> None:
+    def __init__(self, pipeline: Any) -> None:  # the owning app.pipeline.AnswerPipeline (no import: no cycle)
         self._pipeline = pipeline
 
     def finish(self, p: Prepared, params: GenParams, state: InFlight,

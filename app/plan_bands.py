@@ -34,7 +34,6 @@ from latency_model.profile import Profile
 
 if TYPE_CHECKING:
     from app.answer_state import Prepared
-    from app.pipeline import AnswerPipeline
     from generation.base import GenerationStats
 
 log = logging.getLogger("ragbudget.pipeline")
@@ -47,7 +46,7 @@ class PlanBands:
     when used (the switch may change between answers).
     """
 
-    def __init__(self, pipeline: AnswerPipeline) -> None:
+    def __init__(self, pipeline: Any) -> None:  # the owning app.pipeline.AnswerPipeline (no import: no cycle)
         self._pipeline = pipeline
         self.corrections = CorrectionRegistry(loader=self.stored_window,
                                               window=pipeline.settings.correction_window)
