@@ -52,7 +52,7 @@ class AnswerReceipts:
         the row goes in the same transaction); None: a fresh id.
         """
         summary, out_ids, prefill_ms = self.summary(p, state)
-        self._pipeline._learn(p, state.stats, prefill_ms)
+        self._pipeline._learn(p, state.stats, prefill_ms, (state.granted_t, state.last_t))
         try:
             engine_prompt = state.stats.engine_prompt if state.stats is not None else None
             summary.receipt_id = self.write(p, params, summary, out_ids, engine_prompt,
@@ -103,7 +103,8 @@ class AnswerReceipts:
                 profile_source=p.profile.source, wait_ms=p.predicted_wait_ms,
                 late_bound=p.late_bound,
                 correction_factor=corr.factor if corr is not None else None,
-                p95_multiplier=corr.p95_multiplier if corr is not None else None),
+                p95_multiplier=corr.p95_multiplier if corr is not None else None,
+                machine_speed=corr.speed if corr is not None else None),
             timings=AnswerTimings(
                 queue_ms=state.queue_ms, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
                 retrieval_ms=p.timings_ms.get("retrieval_ms"),

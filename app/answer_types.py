@@ -77,6 +77,9 @@ class PredictedTTFT(BaseModel):
                                             "the fitted prefill prediction (None: correction off)")
     p95_multiplier: float | None = Field(None, description="conformal p95/p50 multiplier in force "
                                          "(None: too few answers yet, or correction off)")
+    machine_speed: float | None = Field(None, description="the machine's speed the correction was "
+                                        "scaled to: engine step time over the step model's, median "
+                                        "of the latest steps (None: not read, or correction off)")
 
 
 class AnswerTimings(BaseModel):

@@ -65,6 +65,9 @@ class AnswerMetrics:
                                        "the prefill prediction", registry=r)
         self.correction_p95_multiplier = Gauge("ragbudget_correction_p95_multiplier", "Conformal "
                                                "p95/p50 multiplier (0: not yet)", registry=r)
+        self.machine_speed = Gauge("ragbudget_machine_speed", "Engine step time measured over "
+                                   "predicted by the step model, median of the latest steps "
+                                   "(1: as at calibration)", registry=r)
         self.prefill_coverage = Gauge("ragbudget_prefill_p95_coverage", "Share of the correction "
                                       "window's measured prefills within their predicted p95",
                                       registry=r)
@@ -92,9 +95,13 @@ class AnswerMetrics:
         self.queue_depth.set(depth)
         self.predicted_wait.observe(predicted_wait_ms)
 
-    def correction(self, factor: float, p95_multiplier: float | None, coverage: float | None) -> None:
-        """Record the online correction after an answer fed it."""
+    def correction(self, factor: float, p95_multiplier: float | None, coverage: float | None,
+                   speed: float | None = None) -> None:
+        """Record the online correction after an answer fed it (``speed``: the machine speed
+        from the engine's steps it was scaled to, None when not read)."""
         self.correction_factor.set(factor)
+        if speed is not None:
+            self.machine_speed.set(speed)
         self.correction_p95_multiplier.set(p95_multiplier or 0.0)
         if coverage is not None:
             self.prefill_coverage.set(coverage)

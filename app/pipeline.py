@@ -97,6 +97,7 @@ class AnswerPipeline:
         # Switches for an A/B in one process (benchmarks/load.py); default from the settings.
         self.late_binding = bool(self.settings.late_binding)
         self.online_correction = bool(self.settings.online_correction)
+        self.live_speed = bool(self.settings.correction_live_speed)
         self._lock = threading.Lock()
         # The planning band, the online correction and the answers granted but not yet seen by
         # the engine (app.plan_bands); it reads the two switches above when it uses them.
@@ -172,9 +173,10 @@ class AnswerPipeline:
         """The online correction of ``profile_id`` as it stands: :meth:`PlanBands.correction_state`."""
         return self.bands.correction_state(profile_id)
 
-    def _learn(self, p: Prepared, stats: GenerationStats | None, prefill_ms: float | None) -> None:
+    def _learn(self, p: Prepared, stats: GenerationStats | None, prefill_ms: float | None,
+               span: tuple[float | None, float | None] = (None, None)) -> None:
         """Feed the measured prefill to the online correction: :meth:`PlanBands.learn`."""
-        self.bands.learn(p, stats, prefill_ms)
+        self.bands.learn(p, stats, prefill_ms, span)
 
     @staticmethod
     def prompt_chunks(hits: list[Hit]) -> list[PromptChunk]:

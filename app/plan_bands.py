@@ -15,9 +15,15 @@ is on. It keeps:
   :meth:`PlanBands.submitted`, :data:`generation.base.ON_SUBMIT`), and the lock under which
   the pipeline binds and registers an answer (:attr:`PlanBands.admit_lock`).
 
-The pipeline's ``late_binding`` and ``online_correction`` switches are flipped at run time (an
-A/B in one process, ``benchmarks/load.py``), so they are read from the pipeline on every call,
-never copied here.
+* the machine's speed now, read from the local engine's latest timed steps against the
+  profile's mixed-step model (:meth:`PlanBands.live_speed`,
+  :func:`latency_model.step_model.machine_speed`): each answer is learned with the speed of
+  the steps it ran in, and each plan scales the correction to the speed of the steps just
+  run, so a machine that slows down shows in the next plan (``live_speed`` switch).
+
+The pipeline's ``late_binding``, ``online_correction`` and ``live_speed`` switches are flipped
+at run time (an A/B in one process, ``benchmarks/load.py``), so they are read from the
+pipeline on every call, never copied here.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +44,12 @@ if TYPE_CHECKING:
     from generation.base import GenerationStats
 
 log = logging.getLogger("ragbudget.pipeline")
+
+#: The speed read for a plan: the newest SPEED_STEPS engine steps, if the newest ended less
+#: than SPEED_HORIZON_S ago (an idle engine says nothing about the machine now; the
+#: correction then takes the speed of the newest answer it learned from).
+SPEED_STEPS = 32
+SPEED_HORIZON_S = 10.0
 
 
 class PlanBands:
@@ -71,9 +84,40 @@ class PlanBands:
         """
         band = self.batched(profile, profile)
         if self._pipeline.online_correction:
-            corrected = CorrectedProfile(band, self.corrections.get(profile.id))
+            use = bool(self._pipeline.live_speed)
+            corrected = CorrectedProfile(band, self.corrections.get(profile.id),
+                                         self.live_speed(profile) if use else None, use)
             return corrected, corrected.state
         return band, None
+
+    def live_speed(self, profile: Profile, since_t: float | None = None,
+                   until_t: float | None = None) -> float | None:
+        """The machine's speed from the local engine's timed steps (1.0: as at calibration).
+
+        Without ``since_t``: the newest :data:`SPEED_STEPS` steps, when the newest ended
+        within :data:`SPEED_HORIZON_S`. With ``since_t`` / ``until_t`` (``perf_counter``
+        seconds): the steps that ended in that span (an answer's life). ``None`` when the
+        profile has no step model, the generator has no engine, or too few steps
+        (:func:`latency_model.step_model.machine_speed`). Read whether or not the
+        pipeline's ``live_speed`` switch is on (answers are stored with it either way);
+        the switch decides whether plans use it.
+        """
+        from latency_model.step_model import machine_speed
+
+        fit = getattr(profile, "step_fit", None)
+        engine = getattr(self._pipeline.services.generator, "engine", None)
+        if fit is None or engine is None or not hasattr(engine, "recent_steps"):
+            return None
+        steps = engine.recent_steps()
+        if since_t is None:
+            if not steps or time.perf_counter() - steps[-1].t_end > SPEED_HORIZON_S:
+                return None
+            steps = steps[-SPEED_STEPS:]
+        else:
+            end = until_t if until_t is not None else time.perf_counter()
+            steps = [r for r in steps if since_t <= r.t_end <= end]
+        got = machine_speed(fit, [(r.segments, r.logit_rows, r.ms) for r in steps])
+        return got[0] if got is not None else None
 
     def batched(self, band: PrefillBand, profile: Profile) -> PrefillBand:
         """``band`` under the running batch's added step time, when there is one to model."""
@@ -119,10 +163,12 @@ class PlanBands:
         return load_correction_window(Path(data_dir), profile_id) if data_dir is not None else []
 
     def correction_state(self, profile_id: str) -> CorrectionState:
-        """The online correction of ``profile_id`` as it stands (empty when never fed)."""
-        return self.corrections.get(profile_id).state()
+        """The online correction of ``profile_id`` as it stands (empty when never fed), at the
+        machine speed of the newest answer it learned from (when the ``live_speed`` switch is on)."""
+        return self.corrections.get(profile_id).state(None, bool(self._pipeline.live_speed))
 
-    def learn(self, p: Prepared, stats: GenerationStats | None, prefill_ms: float | None) -> None:
+    def learn(self, p: Prepared, stats: GenerationStats | None, prefill_ms: float | None,
+              span: tuple[float | None, float | None] = (None, None)) -> None:
         """Feed the measured prefill to the profile's online correction (and store its state).
 
         The pair is the uncorrected prediction's p50 for the tokens actually prefilled
@@ -130,8 +176,10 @@ class PlanBands:
         fitted profile plus what the batch it joined adds: ``Prepared.granted_band``; a
         plan made on arrival, without late binding, may have seen another batch), and
         the measured time from the model granted to the first token; the p95 in force
-        for it then gives the coverage figure. Fed whether or not the correction is
-        applied, so switching it on starts from the machine as it is.
+        for it then gives the coverage figure; ``span``: ``(granted, last token)``
+        ``perf_counter`` seconds of the answer, whose engine steps give the machine speed it
+        ran at (:meth:`live_speed`). Fed whether or not the correction is applied, so
+        switching it on starts from the machine as it is.
         """
         if stats is None or prefill_ms is None:
             return
@@ -145,9 +193,11 @@ class PlanBands:
         fitted_p50 = float(fitted.predict_ttft_many([prompt], [cached], [max(prefix, cached)])[0][0])
         p95_now = float(band.predict_ttft_many([prompt], [cached], [max(prefix, cached)])[1][0])
         correction = self.corrections.get(p.profile.id)
-        correction.observe(fitted_p50, prefill_ms, p95_now)
-        state = correction.state()
-        self._pipeline.metrics.correction(state.factor, state.p95_multiplier, state.coverage)
+        speed = self.live_speed(p.profile, span[0], span[1]) if span[0] is not None else None
+        correction.observe(fitted_p50, prefill_ms, p95_now, speed)
+        use = bool(self._pipeline.live_speed)
+        state = correction.state(self.live_speed(p.profile) if use else None, use)
+        self._pipeline.metrics.correction(state.factor, state.p95_multiplier, state.coverage, state.speed)
         try:
             save_correction_state(self._pipeline.services.data_dir, state, correction.window_pairs())
         except OSError:

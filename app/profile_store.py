@@ -233,7 +233,7 @@ def correction_path(data_dir: Path, profile_id: str) -> Path:
 
 
 def save_correction_state(data_dir: Path, state: Any,
-                          window: list[tuple[float, float, bool]] | None = None) -> Path:
+                          window: list[tuple[float, float, bool, float | None]] | None = None) -> Path:
     """Store a :class:`latency_model.correction.CorrectionState` (atomically: write, then rename),
     with the correction's window pairs when given (``window``: what a restarted process
     reloads, :func:`load_correction_window`).
@@ -248,7 +248,7 @@ def save_correction_state(data_dir: Path, state: Any,
     path.parent.mkdir(parents=True, exist_ok=True)
     body = state.to_dict()
     if window is not None:
-        body["window_pairs"] = [[p50, measured, covered] for p50, measured, covered in window]
+        body["window_pairs"] = [list(pair) for pair in window]
     tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(body, sort_keys=True), encoding="utf-8")
     os.replace(tmp, path)
@@ -256,8 +256,9 @@ def save_correction_state(data_dir: Path, state: Any,
 
 
 def load_correction_window(data_dir: Path, profile_id: str) -> list[list[Any]]:
-    """The stored window pairs ``[fitted p50 ms, measured ms, covered]`` of ``profile_id``'s
-    online correction, oldest first; ``[]`` when none are stored (or the file is unreadable)."""
+    """The stored window pairs ``[fitted p50 ms, measured ms, covered, machine speed or null]``
+    of ``profile_id``'s online correction (three fields when stored before speeds were), oldest
+    first; ``[]`` when none are stored (or the file is unreadable)."""
     data = load_correction_state(data_dir, profile_id) or {}
     pairs = data.get("window_pairs")
     return [p for p in pairs if isinstance(p, list)] if isinstance(pairs, list) else []

@@ -90,6 +90,10 @@ class Settings(BaseSettings):
                                     "prediction from measured prefills (latency_model.correction).")
     correction_window: int = Field(40, ge=1, le=10_000, description="Answers the online correction "
                                    "keeps (N).")
+    correction_live_speed: bool = Field(True, description="Scale the online correction by the "
+                                        "machine's speed read from the engine's latest steps against "
+                                        "the profile's step model (seconds, not answers, to follow a "
+                                        "busier or quieter machine); off: answers only.")
     on_budget_miss: Literal["answer", "reject"] = Field(
         "answer", description="When even k=0 cannot make the budget: answer anyway (flagged) or "
         "refuse with 503 budget_unreachable; a request may choose for itself.")

@@ -50,6 +50,20 @@ from typing import Any
 #: row count (measured, docs/receipts.md).
 MIN_ROWS = 16
 ROW_MULTIPLE = 8
+#: Engine steps the step log keeps (:meth:`Engine.recent_steps`): a few seconds of steps.
+STEP_LOG = 256
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One timed engine step: ``t_end`` (``time.perf_counter`` s) when it ended, ``segments``
+    ``(new tokens, start position)`` per answer in it, ``logit_rows`` rows that needed logits,
+    ``ms`` its wall time (packing, forward, token routing)."""
+
+    t_end: float
+    segments: tuple[tuple[int, int], ...]
+    logit_rows: int
+    ms: float
 
 
 def padded_rows(n: int, fixed: int | None = None) -> int:
@@ -261,6 +275,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.steps = 0
         self.peak_rows_answers = 0  # most answers seen in one step (tests, metrics)
+        self._log: deque[StepRecord] = deque(maxlen=STEP_LOG)
+        self._log_lock = threading.Lock()
         self._stop = False
         # Stop the step thread before the interpreter finalises: a thread still inside torch
         # at exit aborts the process ("terminate called without an active exception").
@@ -305,6 +321,12 @@ class Engine:
             seqs = [s for s in [*self._running, *self._waiting] if not s.done]
             return ([s.pos for s in seqs if not s.in_prefill()],
                     [(len(s.prompt) - s.pos, s.pos) for s in seqs if s.in_prefill()])
+
+    def recent_steps(self) -> list[StepRecord]:
+        """The last :data:`STEP_LOG` timed steps, oldest first: what the machine is doing now
+        (``app.plan_bands`` reads the machine's speed from them against the step model)."""
+        with self._log_lock:
+            return list(self._log)
 
     def run_alone(self, seq: Sequence, *, decode_steps: int = 0) -> None:
         """Drive ``seq`` synchronously (caller holds the model lock) until its first token, plus
@@ -402,7 +424,7 @@ class Engine:
         return items
 
     def _step(self, live: list[Sequence]) -> None:
-
+        t0 = time.perf_counter()
         for seq in live:  # a prompt that is exactly a cached prefix: first token from its logits
             if seq.first_logits is not None:
                 logits, seq.first_logits = seq.first_logits, None
@@ -446,6 +468,11 @@ class Engine:
             if seq.in_prefill():
                 continue
             self._emit(seq, seq.select(lg), time.perf_counter())
+        t1 = time.perf_counter()
+        record = StepRecord(t1, tuple((len(toks), start) for _, toks, start, _ in items),
+                            len(logit_rows), (t1 - t0) * 1000.0)
+        with self._log_lock:
+            self._log.append(record)
 
     def _forward(self, ids: list[int], positions: list[int], keep: list[int],
                  ctx: StepContext) -> Any:

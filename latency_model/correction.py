@@ -23,6 +23,18 @@ two bounded terms on top of the fitted profile, which itself is never changed:
   (docs/benchmarks.md) this floor is what keeps answers 11-40 after the hog
   covered (replayed offline on its 50 answers: 100 % vs 80 % / 90 % without).
 
+* ``speed``: how fast the machine runs engine steps now, against the mixed-step
+  model (:func:`latency_model.step_model.machine_speed`), when the caller reads it.
+  Each answer is stored with the speed of the steps it ran in; the factor is then
+  learned on speed-normalised ratios ``measured / (predicted_p50 x speed_i)`` and
+  applied as ``median x speed_now``, and the conformal scores are the normalised
+  ratios. Finished answers come every few seconds and a median over 40 of them
+  moves after ~20; steps come every ~100 ms, so a machine that slows by 40 % for ten
+  seconds (a neighbour's burst, docs/benchmarks.md "The grid, third run") shows in
+  the next plan, not twenty answers later. Without a speed (no step model, no
+  recent steps, or fewer than ``min_samples`` answers stored with one) the factor
+  is the plain median above.
+
 Until ``min_samples`` answers have been seen the fitted prediction is used
 unchanged (factor 1). A new calibration is a new profile id and starts a fresh
 correction (:class:`CorrectionRegistry`); so does :meth:`OnlineCorrection.reset`.
@@ -53,7 +65,9 @@ class CorrectionState:
     enough answers) sets corrected p95 = corrected p50 x multiplier, replacing the
     fitted spread; ``n`` answers in the window (of ``window``); ``coverage`` share of
     the window's measured prefills at or below the p95 predicted for them at the
-    time (``None`` when empty).
+    time (``None`` when empty); ``speed`` the machine speed the factor was scaled to
+    (``None``: the plain median, no step speed read); ``max_score`` the largest
+    window score over the factor (the spread used before the conformal rank is reached).
     """
 
     profile_id: str
@@ -63,12 +77,24 @@ class CorrectionState:
     window: int
     active: bool
     coverage: float | None
+    speed: float | None = None
+    max_score: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every field."""
         return {"profile_id": self.profile_id, "factor": self.factor,
                 "p95_multiplier": self.p95_multiplier, "n": self.n, "window": self.window,
-                "active": self.active, "coverage": self.coverage}
+                "active": self.active, "coverage": self.coverage, "speed": self.speed,
+                "max_score": self.max_score}
+
+
+def _good_speed(value: Any) -> float | None:
+    """``value`` as a machine speed: a finite float > 0, else ``None``."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) and v > 0 else None
 
 
 class OnlineCorrection:
@@ -99,7 +125,7 @@ class OnlineCorrection:
         self.max_factor = max_factor
         self.max_multiplier = max_multiplier
         self._lock = threading.Lock()
-        self._pairs: deque[tuple[float, float, bool]] = deque(maxlen=window)
+        self._pairs: deque[tuple[float, float, bool, float | None]] = deque(maxlen=window)
 
     def reset(self) -> None:
         """Forget every answer: the fitted prediction applies unchanged again."""
@@ -107,57 +133,80 @@ class OnlineCorrection:
             self._pairs.clear()
 
     def observe(self, predicted_p50_ms: float, measured_ms: float,
-                predicted_p95_ms: float | None = None) -> None:
+                predicted_p95_ms: float | None = None, speed: float | None = None) -> None:
         """Add one answer: the fitted (uncorrected) p50 prediction and the measured prefill, ms.
 
         ``predicted_p95_ms``: the p95 that was in force for it (for the coverage figure).
-        Non-finite or non-positive values are ignored (nothing to learn from).
+        ``speed``: the machine speed of the steps the answer ran in (see the module
+        docstring; ``None``: not read). Non-finite or non-positive values are ignored
+        (nothing to learn from); a bad speed is stored as ``None``.
         """
         if not (math.isfinite(predicted_p50_ms) and math.isfinite(measured_ms)
                 and predicted_p50_ms > 0 and measured_ms > 0):
             return
         covered = predicted_p95_ms is None or measured_ms <= predicted_p95_ms
         with self._lock:
-            self._pairs.append((float(predicted_p50_ms), float(measured_ms), bool(covered)))
+            self._pairs.append((float(predicted_p50_ms), float(measured_ms), bool(covered),
+                                _good_speed(speed)))
 
-    def window_pairs(self) -> list[tuple[float, float, bool]]:
-        """The window, oldest first: ``(fitted p50 ms, measured ms, covered)`` per answer."""
+    def window_pairs(self) -> list[tuple[float, float, bool, float | None]]:
+        """The window, oldest first: ``(fitted p50 ms, measured ms, covered, speed)`` per answer."""
         with self._lock:
             return list(self._pairs)
 
     def restore(self, pairs: Sequence[Sequence[Any]]) -> int:
         """Refill the window from stored :meth:`window_pairs` (a process that starts again
         carries on from the machine as the last one saw it); returns how many were taken.
-        Malformed or non-positive entries are skipped; only the newest ``window`` are kept."""
-        good: list[tuple[float, float, bool]] = []
+        Malformed or non-positive entries are skipped; only the newest ``window`` are kept.
+        Entries of three fields (stored before speeds were) restore with no speed."""
+        good: list[tuple[float, float, bool, float | None]] = []
         for item in pairs:
             try:
                 p50, measured, covered = float(item[0]), float(item[1]), bool(item[2])
+                speed = _good_speed(item[3]) if len(item) > 3 else None
             except (TypeError, ValueError, IndexError):
                 continue
             if math.isfinite(p50) and math.isfinite(measured) and p50 > 0 and measured > 0:
-                good.append((p50, measured, covered))
+                good.append((p50, measured, covered, speed))
         with self._lock:
             self._pairs.clear()
             self._pairs.extend(good[-self.window:])
             return len(self._pairs)
 
-    def state(self) -> CorrectionState:
-        """The correction in force now (see :class:`CorrectionState`)."""
+    def state(self, speed_now: float | None = None, use_speed: bool = True) -> CorrectionState:
+        """The correction in force now (see :class:`CorrectionState`).
+
+        ``speed_now``: the machine speed read from the latest engine steps (``None``: not
+        read; then the newest stored answer's speed stands for it, as the machine last
+        seen). The factor follows it when at least ``min_samples`` stored answers carry a
+        speed; otherwise, or with ``use_speed`` False, it is the plain median of
+        ``measured / predicted``.
+        """
         with self._lock:
             pairs = list(self._pairs)
         n = len(pairs)
-        coverage = sum(1 for *_, c in pairs if c) / n if n else None
+        coverage = sum(1 for _, _, c, _ in pairs if c) / n if n else None
         if n < self.min_samples:
             return CorrectionState(self.profile_id, 1.0, None, n, self.window, False, coverage)
-        ratios = np.array([m / p for p, m, _ in pairs])
-        factor = float(np.clip(np.median(ratios), self.min_factor, self.max_factor))
-        scores = np.sort(ratios / factor)
-        rank = math.ceil((n + 1) * COVERAGE)
-        mult: float | None = float(scores[rank - 1]) if rank <= n else None
+        timed = [(p, m, s) for p, m, _, s in pairs if s is not None] if use_speed else []
+        speed = _good_speed(speed_now)
+        if speed is None and timed:
+            speed = timed[-1][2]
+        if speed is not None and len(timed) >= self.min_samples:
+            ratios = np.array([m / (p * s) for p, m, s in timed])  # (n',) speed-normalised
+            base = float(np.median(ratios))
+            factor = float(np.clip(base * speed, self.min_factor, self.max_factor))
+        else:
+            speed = None
+            ratios = np.array([m / p for p, m, _, _ in pairs])  # (n,)
+            base = factor = float(np.clip(np.median(ratios), self.min_factor, self.max_factor))
+        scores = np.sort(ratios / base)
+        rank = math.ceil((scores.size + 1) * COVERAGE)
+        mult: float | None = float(scores[rank - 1]) if rank <= scores.size else None
         if mult is not None:
             mult = float(min(max(mult, 1.0), self.max_multiplier))
-        return CorrectionState(self.profile_id, factor, mult, n, self.window, True, coverage)
+        return CorrectionState(self.profile_id, factor, mult, n, self.window, True, coverage,
+                               speed=speed, max_score=float(scores[-1]))
 
     def apply(self, p50: ArrayLike, p95: ArrayLike,
               state: CorrectionState | None = None) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -165,7 +214,7 @@ class OnlineCorrection:
 
         p50' = p50 x factor; p95' = max(p50' x multiplier, p95 x factor) when the window
         holds enough answers for the conformal rank, else max(p95 x factor, p50' x largest
-        score); capped at p50' x ``max_multiplier`` and never below p50'.
+        score (``state.max_score``)); capped at p50' x ``max_multiplier`` and never below p50'.
         """
         st = state or self.state()
         a50 = np.asarray(p50, dtype=np.float64)
@@ -176,10 +225,7 @@ class OnlineCorrection:
         if st.p95_multiplier is not None:
             c95 = np.minimum(np.maximum(c50 * st.p95_multiplier, a95 * st.factor), c50 * self.max_multiplier)
         else:
-            with self._lock:
-                ratios = [m / p for p, m, _ in self._pairs]
-            top = max(ratios) / st.factor if ratios else 1.0
-            c95 = np.minimum(np.maximum(a95 * st.factor, c50 * top), c50 * self.max_multiplier)
+            c95 = np.minimum(np.maximum(a95 * st.factor, c50 * st.max_score), c50 * self.max_multiplier)
         return c50, np.maximum(c95, c50)
 
 
@@ -188,15 +234,18 @@ class CorrectedProfile:
 
     Has what the planner reads (``id``, ``source``, ``predict_ttft_many``,
     ``predict_ttft_ms``) and delegates everything else to the fitted profile.
-    ``state`` is frozen at construction, so one plan sees one correction.
+    ``state`` is frozen at construction (under ``speed_now``, the machine speed read from
+    the latest engine steps, and ``use_speed``: :meth:`OnlineCorrection.state`), so one
+    plan sees one correction.
     """
 
-    def __init__(self, profile: Any, correction: OnlineCorrection) -> None:
+    def __init__(self, profile: Any, correction: OnlineCorrection, speed_now: float | None = None,
+                 use_speed: bool = True) -> None:
         self.profile = profile
         self.id: str = profile.id
         self.source: str = profile.source
         self.correction = correction
-        self.state = correction.state()
+        self.state = correction.state(speed_now, use_speed)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.profile, name)

@@ -201,6 +201,42 @@ def fit_steps(shapes: Sequence[StepShape], step_ms: ArrayLike, point_ids: ArrayL
     return fit
 
 
+#: Steps :func:`machine_speed` needs before it reads a speed (a median of fewer is noise).
+MIN_SPEED_STEPS = 8
+
+
+def machine_speed(fit: StepFit, steps: Sequence[tuple[Sequence[tuple[int, int]], int, float]]
+                  ) -> tuple[float, int] | None:
+    """How fast the machine runs engine steps now against the step model: ``(speed, steps)``.
+
+    ``steps``: timed steps as ``(segments, logit rows, ms)`` (``segments`` as in
+    :class:`StepShape`). ``speed`` is the median over them of measured / predicted point
+    time (1.0: as at calibration; 1.4: steps take 40 % longer), ``steps`` how many were
+    read. Every decode step of every running answer is a measurement, so this follows a
+    busier or quieter machine within seconds, where finished answers take tens of them.
+    The median keeps one slow step (a page fault, a neighbour's burst) from moving it.
+
+    Returns ``None`` with fewer than :data:`MIN_SPEED_STEPS` usable steps (malformed or
+    non-positive entries are skipped).
+    """
+    shapes: list[StepShape] = []
+    measured: list[float] = []
+    for segments, logit_rows, ms in steps:
+        segs = tuple((int(n), int(p)) for n, p in segments)
+        if not segs or not math.isfinite(ms) or ms <= 0 or any(n < 1 or p < 0 for n, p in segs):
+            continue
+        shapes.append(StepShape(segs, int(logit_rows)))
+        measured.append(float(ms))
+    if len(shapes) < MIN_SPEED_STEPS:
+        return None
+    point = fit.predict_point_ms(shapes)  # (N,)
+    ok = point > 0
+    if int(ok.sum()) < MIN_SPEED_STEPS:
+        return None
+    ratios = np.asarray(measured, dtype=np.float64)[ok] / point[ok]  # (N',)
+    return float(np.median(ratios)), int(ratios.size)
+
+
 def prefill_schedule(prompt_tokens: int, cached_tokens: int, prefix_tokens: int,
                      chunk_tokens: int) -> list[tuple[int, int]]:
     """The chunks ``(tokens, start)`` the engine prefills a prompt in (``Sequence.next_chunk``):

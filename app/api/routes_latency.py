@@ -68,7 +68,8 @@ class ProfileDetail(ProfilePublic):
     correction: dict[str, Any] | None = Field(
         None, description="the online correction this server applies on top of the fitted "
         "coefficients (which it never rewrites): factor, p95_multiplier, n answers of window, active, "
-        "coverage (latency_model.correction.CorrectionState); reset by a new calibration")
+        "coverage, speed (the machine speed from engine steps the factor is scaled to) "
+        "(latency_model.correction.CorrectionState); reset by a new calibration")
 
 
 def _public(summary: dict[str, Any]) -> ProfilePublic:

@@ -186,7 +186,8 @@ def cmd_show(args: argparse.Namespace, services: Any) -> int:
                 f"{'-' if c['p95_multiplier'] is None else format(c['p95_multiplier'], '.3f')}, "
                 f"{c['n']} of {c['window']} answers, "
                 f"{'active' if c['active'] else 'not yet active'}, p95 coverage "
-                f"{'-' if c['coverage'] is None else format(c['coverage'], '.0%')}")
+                f"{'-' if c['coverage'] is None else format(c['coverage'], '.0%')}, machine speed "
+                f"{'-' if c.get('speed') is None else format(c['speed'], '.2f')}")
         return describe(p) + "\n" + line
 
     emit(args, body, human)

@@ -283,3 +283,31 @@ def test_corrected_profile_and_registry(api_profile: Any) -> None:
     assert corrected.id == api_profile.id and corrected.source == api_profile.source
     reg.reset(api_profile.id)
     assert reg.get(api_profile.id).state().n == 0
+
+
+def test_speed_normalised_correction() -> None:
+    """Answers stored with the machine speed they ran at: the factor is their speed-normalised
+    median scaled to the speed now; without a speed now, the newest answer's speed stands."""
+    c = OnlineCorrection("p", window=40, min_samples=5)
+    for i in range(10):
+        speed = 1.0 if i < 5 else 2.0
+        c.observe(100.0, 120.0 * speed, speed=speed)  # 1.2x the prediction at every speed
+    assert c.state(1.0).factor == pytest.approx(1.2)
+    assert c.state(1.5).factor == pytest.approx(1.8) and c.state(1.5).speed == pytest.approx(1.5)
+    assert c.state().factor == pytest.approx(2.4) and c.state().speed == pytest.approx(2.0)
+    # The normalised scores are all 1: the spread the speed explains is not p95 spread.
+    assert c.state(1.0).max_score == pytest.approx(1.0)
+    plain = OnlineCorrection("p", window=40, min_samples=5)
+    for i in range(10):
+        plain.observe(100.0, 120.0 * (1.0 if i < 5 else 2.0))
+    st = plain.state(1.5)  # no stored speeds: the plain median, the speed unused
+    assert st.speed is None and st.factor == pytest.approx(1.8) and st.max_score == pytest.approx(240 / 180)
+
+
+def test_stored_windows_restore_with_and_without_speeds() -> None:
+    c = OnlineCorrection("p", window=4, min_samples=1)
+    assert c.restore([[100.0, 150.0, True], [100.0, 130.0, False, 1.3], [100.0, 90.0, True, "x"],
+                      [1.0], [100.0, -1.0, True, 1.0]]) == 3
+    assert [pair[3] for pair in c.window_pairs()] == [None, 1.3, None]
+    c.observe(100.0, 120.0, 130.0, speed=float("nan"))
+    assert c.window_pairs()[-1] == (100.0, 120.0, True, None)

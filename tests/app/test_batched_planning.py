@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from app.pipeline import AnswerPipeline
+from generation.scheduler import StepRecord
 from latency_model.calibration import calibrate, quick_grid
 from latency_model.profile import Profile
-from latency_model.step_model import BatchedBand
+from latency_model.step_model import BatchedBand, StepShape
 from tests.latency_model.conftest import no_cpu_probe
 from tests.latency_model.test_step_model import FakeStepTimer
 
@@ -18,9 +20,21 @@ from tests.latency_model.test_step_model import FakeStepTimer
 class FakeEngine:
     def __init__(self, decoding: list[int], prefilling: list[tuple[int, int]]) -> None:
         self.state = (decoding, prefilling)
+        self.steps: list[StepRecord] = []
 
     def batch_snapshot(self) -> tuple[list[int], list[tuple[int, int]]]:
         return self.state
+
+    def recent_steps(self) -> list[StepRecord]:
+        return list(self.steps)
+
+    def run(self, fit: Any, speed: float, n: int = 32, t_end: float | None = None) -> None:
+        """Log ``n`` decode steps of two answers that took ``speed`` x the step model's time."""
+        t = time.perf_counter() if t_end is None else t_end
+        for i in range(n):
+            segs = ((1, 300 + i), (1, 700 + i))
+            ms = float(fit.predict_point_ms([StepShape(segs, 2)])[0]) * speed
+            self.steps.append(StepRecord(t - (n - i) * 1e-3, segs, 2, ms))
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +43,9 @@ def step_profile() -> Profile:
                      progress=False, cpu_probe=no_cpu_probe)
 
 
-def pipeline(engine: Any, online_correction: bool = True) -> AnswerPipeline:
+def pipeline(engine: Any, online_correction: bool = True, live_speed: bool = True) -> AnswerPipeline:
     settings = SimpleNamespace(queue_max=4, late_binding=True, online_correction=online_correction,
-                               correction_window=40)
+                               correction_window=40, correction_live_speed=live_speed)
     generator = SimpleNamespace(engine=engine, prefill_chunk=256)
     return AnswerPipeline(SimpleNamespace(settings=settings, generator=generator))  # type: ignore[arg-type]
 
@@ -136,3 +150,48 @@ def test_a_restarted_process_carries_on_from_the_stored_correction(step_profile:
     state = second.correction_state(step_profile.id)
     assert state.n == 6 and state.active and state.factor == pytest.approx(1.5)
     assert second.correction_state("sha256:" + "0" * 64).n == 0
+
+
+def test_the_correction_follows_the_machine_speed_read_from_engine_steps(step_profile: Profile,
+                                                                         tmp_path: Any) -> None:
+    """Answers learned on a machine running steps at 1.0x their model, each measured 1.2x its
+    prefill prediction; then the steps slow to 1.5x: the next plan's factor is 1.2 x 1.5 at
+    once, before any slower answer has finished (off: the answers' median, 1.2)."""
+    engine = FakeEngine([], [])
+    fit = step_profile.step_fit
+    pipe = pipeline(engine)
+    pipe.services.data_dir = tmp_path
+    p = SimpleNamespace(planner_profile=None, profile=step_profile, prompt=SimpleNamespace(scaffold_len=83),
+                        granted_band=step_profile)
+    p50 = float(step_profile.predict_ttft_many([600], [83], [83])[0][0])
+    for _ in range(8):
+        t0 = time.perf_counter()
+        engine.run(fit, 1.0)
+        pipe._learn(p, SimpleNamespace(prompt_tokens=600, cached_tokens=83), 1.2 * p50,  # type: ignore[arg-type]
+                    (t0 - 1.0, time.perf_counter()))
+    _, state = pipe.planner_profile(step_profile)
+    assert state is not None and state.speed == pytest.approx(1.0) and state.factor == pytest.approx(1.2)
+    engine.run(fit, 1.5)
+    band, state = pipe.planner_profile(step_profile)
+    assert state is not None and state.speed == pytest.approx(1.5)
+    assert state.factor == pytest.approx(1.8)
+    assert band.predict_ttft_ms(600, 83)[0] == pytest.approx(1.8 * step_profile.predict_ttft_ms(600, 83)[0])
+    pipe.live_speed = False
+    _, off = pipe.planner_profile(step_profile)
+    assert off is not None and off.speed is None and off.factor == pytest.approx(1.2)
+
+
+def test_an_idle_engine_reads_no_speed(step_profile: Profile) -> None:
+    """Steps older than the horizon say nothing about the machine now; too few say nothing."""
+    from app.plan_bands import SPEED_HORIZON_S
+
+    engine = FakeEngine([], [])
+    pipe = pipeline(engine)
+    assert pipe.bands.live_speed(step_profile) is None
+    engine.run(step_profile.step_fit, 1.3, n=4)
+    assert pipe.bands.live_speed(step_profile) is None
+    engine.steps.clear()
+    engine.run(step_profile.step_fit, 1.3, t_end=time.perf_counter() - SPEED_HORIZON_S - 1.0)
+    assert pipe.bands.live_speed(step_profile) is None
+    engine.run(step_profile.step_fit, 1.3)
+    assert pipe.bands.live_speed(step_profile) == pytest.approx(1.3)

@@ -67,3 +67,19 @@ def test_prefill_only_steps_skip_the_lm_head() -> None:
     engine.run_alone(seq)
     assert engine.steps == 3  # chunks [0,16), [16,32), [32,40)
     assert head_rows == [0, 0, padded_rows(1)]
+
+
+def test_every_step_is_logged_with_its_shape_and_time() -> None:
+    """The step log (what the planner reads the machine's speed from) holds each step's
+    segments ``(new tokens, start)``, logit rows and a positive wall time, oldest first."""
+    model = _tiny("llama")
+    register_packed_attention()
+    model.config._attn_implementation = ATTN_NAME
+    engine = Engine(model, "cpu", threading.Lock(), lambda _ids: None, lambda *_a: None, 4, 256)
+    seq = Sequence(prompt=list(range(5, 45)), prefix_len=0, max_new=3, chunk=16,
+                   select=lambda _logits: 7, eos=frozenset())
+    engine.run_alone(seq, decode_steps=2)
+    log = engine.recent_steps()
+    assert [(r.segments, r.logit_rows) for r in log] == [
+        (((16, 0),), 0), (((16, 16),), 0), (((8, 32),), 1), (((1, 40),), 1), (((1, 41),), 1)]
+    assert all(r.ms > 0 for r in log) and [r.t_end for r in log] == sorted(r.t_end for r in log)

@@ -135,3 +135,17 @@ def test_calibration_fits_and_stores_the_step_model() -> None:
 
 def test_a_timer_without_steps_gives_a_profile_without_a_step_model(fitted_profile: Profile) -> None:
     assert fitted_profile.step_fit is None and "step_model" not in fitted_profile.to_dict()
+
+
+def test_machine_speed_is_the_median_step_ratio() -> None:
+    from latency_model.step_model import MIN_SPEED_STEPS, machine_speed
+
+    fit = StepFit(coefficients={"a": 5.0, "b": 0.5, "s": 1.0, "g": 0.0, "e": 0.01, "h": 0.2},
+                  quantiles={}, in_sample_mape=0.0, loo_point_mape=0.0)
+    shapes = [((1, 100 + i), (1, 400), (64, 83)) for i in range(20)]
+    steps = [(segs, 2, float(fit.predict_point_ms([StepShape(segs, 2)])[0]) * 1.4) for segs in shapes]
+    steps[3] = (steps[3][0], 2, 1e6)  # one stalled step does not move the median
+    steps.append(((), 0, 10.0))  # malformed: skipped
+    got = machine_speed(fit, steps)
+    assert got is not None and got[0] == pytest.approx(1.4) and got[1] == 20
+    assert machine_speed(fit, steps[:MIN_SPEED_STEPS - 1]) is None
