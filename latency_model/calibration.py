@@ -164,7 +164,7 @@ def quick_grid(context_window: int, scaffold_tokens: list[int],
     ladder = tuple(sorted({n for n in QUICK_LADDER if n < top} | {top} | chunk_lengths(chunk_tokens, top)))
     return CalibrationGrid(
         name="quick", prompt_tokens=ladder, cached_tokens=_cached_list(scaffold_tokens, top),
-        repeats=3, warmup=3, fresh_points=16, step_points=32, step_repeats=2, step_fresh_points=16,
+        repeats=3, warmup=3, fresh_points=16, step_points=32, step_repeats=2, step_fresh_points=32,
         decode_contexts=_decode_contexts((16, 512, 1024), context_window, top),
         decode_repeats=4, max_prompt_tokens=top,
         note=f"quick grid: prompts {ladder[0]}..{top} tokens of a {context_window}-token window; "
@@ -194,7 +194,7 @@ def full_grid(context_window: int, scaffold_tokens: list[int],
     ladder = tuple(sorted({n for n in FULL_LADDER if n < top} | {top} | chunk_lengths(chunk_tokens, top)))
     return CalibrationGrid(
         name="full", prompt_tokens=ladder, cached_tokens=_cached_list(scaffold_tokens, top),
-        repeats=3, warmup=3, fresh_points=24, step_points=64, step_repeats=3, step_fresh_points=24,
+        repeats=3, warmup=3, fresh_points=24, step_points=64, step_repeats=3, step_fresh_points=48,
         decode_contexts=_decode_contexts((16, 512, 2048, 4096), context_window, top),
         decode_repeats=4, max_prompt_tokens=top,
         note=f"full grid: prompts {ladder[0]}..{top} tokens (the whole {context_window}-token window)")

@@ -125,7 +125,7 @@ def test_calibration_fits_and_stores_the_step_model() -> None:
     profile = calibrate(timer, grid=quick_grid(2048, [83], 256), seed=4, progress=False,
                         cpu_probe=no_cpu_probe)
     fit = profile.step_fit
-    assert fit is not None and fit.loo_point_mape < 0.05 and fit.fresh_points == 16
+    assert fit is not None and fit.loo_point_mape < 0.05 and fit.fresh_points == 32
     assert fit.fresh_p95_coverage is not None and fit.fresh_p95_coverage >= 0.8
     assert profile.prefill_model == "chunked" or "chunked" in profile.form_comparison
     again = Profile.from_json(profile.to_json())
