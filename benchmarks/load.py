@@ -6,8 +6,10 @@ on a loopback port; client threads post ``POST /v1/answer`` with
 ``on_budget_miss: reject``. Cells: load (closed loop with 1, 2 and 4 clients,
 each client asking again as soon as it has its answer; open loop with Poisson
 arrivals at two rates) x budget (800, 1500, 3000 ms) x new tokens (32, 64) x arm
-(``on``: late binding and online correction; ``off``: both switched off on the
-same pipeline), the two arms of a cell run one after the other. Per cell:
+(``on``: late binding and online correction following the machine speed read from the
+engine's steps; ``on-answers``: the same, the correction learned from answers alone, live
+speed off; ``off``: late binding and correction switched off on the same pipeline), the
+arms of a cell (``--arms``, default ``on,off``) run one after the other. Per cell:
 share of answered requests within budget, share rejected fast (503
 ``budget_unreachable``), mean budget used (TTFT / budget, answered), TTFT
 p50/p95 and queue p95 (answered). Each answer is one line of ``--out`` (jsonl);
@@ -17,9 +19,11 @@ a rerun skips cells already complete, so the run resumes after an interruption.
 machine, one busy process (a pure-Python loop, one core) is started and
 ``--after`` answers follow one at a time; per answer, is the measured prefill
 (model granted to first token) within the predicted p95 prefill, with the
-online correction (what the plan used) and with the fitted profile alone (the
-same answer, predicted without correction). Reported: coverage over answers
-1-20 and 21-40 after the hog started.
+online correction (what the plan used: learned from answers and scaled to the machine
+speed read from the engine's latest steps), with the correction learned from answers
+alone (its state when the request was planned, no live speed) and with the fitted
+profile alone (the same answer, predicted without correction). Reported: coverage over
+answers 1-10, 11-20, 1-20 and 21-40 after the hog started.
 
 ``--auth``: ``POST /v1/retrieve`` over HTTP, alternately to an app with a key
 check and to one without (same services, same process, same run); p50/p95 of
@@ -60,7 +64,13 @@ sys.path.insert(0, str(REPO))
 
 BUDGETS = (800.0, 1500.0, 3000.0)
 TOKENS = (32, 64)
-ARMS = ("on", "off")
+ARMS = ("on", "on-answers", "off")
+
+
+def _set_arm(pipeline: Any, arm: str) -> None:
+    """Flip the pipeline's switches for ``arm`` (one of :data:`ARMS`)."""
+    pipeline.late_binding = pipeline.online_correction = arm != "off"
+    pipeline.live_speed = arm == "on"
 
 
 def _loads(rates: list[float]) -> list[str]:
@@ -118,7 +128,8 @@ def _one(client: Any, url: str, question: str, budget: float, tokens: int,
                    auth_ms=t.get("auth_ms"), overhead_ms=t["overhead_ms"], k=a["chosen_k"],
                    binding=a["binding"], within=a["within_budget"], cause=a["budget_miss_cause"],
                    predicted_wait_ms=p["wait_ms"], predicted_p95_ms=p["ttft_p95_ms"],
-                   correction_factor=p["correction_factor"], tokens_out=a["tokens"]["output"])
+                   correction_factor=p["correction_factor"], machine_speed=p.get("machine_speed"),
+                   tokens_out=a["tokens"]["output"])
     else:
         err = r.json().get("error", {})
         details = err.get("details") or {}
@@ -269,6 +280,7 @@ def grid(args: argparse.Namespace) -> int:
             key = (r["arm"], r["load"], r["budget"], r["tokens"])
             done[key] = done.get(key, 0) + 1
     rates = [float(x) for x in args.rates.split(",")]
+    arms = args.arm_list
     # Token counts outermost, then budgets (1500 first), loads innermost: a run cut short still
     # holds every load at the budgets it reached.
     budgets = sorted(BUDGETS, key=lambda b: (b != 1500.0, b))
@@ -279,7 +291,7 @@ def grid(args: argparse.Namespace) -> int:
         if args.grid_warmup and not done:
             # A server in service has answered before: feed the online correction the
             # machine as it is now (rows kept as kind "warmup", outside every cell).
-            pipeline.late_binding = pipeline.online_correction = True
+            _set_arm(pipeline, "on")
             rows = run_cell(server.url, "closed-1", 3000.0, TOKENS[0], args.grid_warmup, questions,
                             random.Random(f"{args.seed}-warmup"), {})
             for r in rows:
@@ -290,12 +302,12 @@ def grid(args: argparse.Namespace) -> int:
             print(f"warm-up: {len(rows)} answers, correction factor {state.factor:.3f}, "
                   f"p95 multiplier {state.p95_multiplier}", file=sys.stderr, flush=True)
         for load, budget, tokens in cells:
-            for arm in ARMS:
+            for arm in arms:
                 key = (arm, load, budget, tokens)
                 cell_rng = random.Random(f"{args.seed}-{load}-{budget}-{tokens}")  # same questions per arm
                 if done.get(key, 0) >= args.per_cell:
                     continue
-                pipeline.late_binding = pipeline.online_correction = arm == "on"
+                _set_arm(pipeline, arm)
                 t0 = time.perf_counter()
                 rows = run_cell(server.url, load, budget, tokens, args.per_cell, questions, cell_rng, {})
                 for r in rows:
@@ -303,7 +315,7 @@ def grid(args: argparse.Namespace) -> int:
                     fh.write(json.dumps(r) + "\n")
                 fh.flush()
                 s = summarise(rows, budget)
-                print(f"{load:>12} {budget:5.0f} ms {tokens:3d} tok {arm:>3}: answered {s['answered']}/"
+                print(f"{load:>12} {budget:5.0f} ms {tokens:3d} tok {arm:>10}: answered {s['answered']}/"
                       f"{s['requests']} within {s['within']} rejected {s['rejected']} used {s['used']} "
                       f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     del rng
@@ -318,9 +330,10 @@ def hog(args: argparse.Namespace) -> int:
 
     services, app, questions = _build()
     pipeline = app.state.pipeline
-    pipeline.late_binding = pipeline.online_correction = True
+    _set_arm(pipeline, "on")
     profile = pipeline.profile()
     pipeline.corrections.reset()
+    correction = pipeline.corrections.get(profile.id)
     server = Server(app)
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
@@ -332,14 +345,19 @@ def hog(args: argparse.Namespace) -> int:
                     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
                     time.sleep(1.0)
                 q = questions[rng.randrange(len(questions))]
+                # What the correction learned from answers alone (no live speed), as it stood
+                # when this request was planned: the on-answers arm's band for the same answer.
+                answers_state = correction.state(None, False)
                 r = client.post(f"{server.url}/v1/answer", timeout=600, json={
                     "question": q, "ttft_budget_ms": args.budget, "max_new_tokens": 8}).json()
                 p, t, tok = r["predicted"], r["timings"], r["tokens"]
                 corrected_p95 = p["ttft_p95_ms"] - p["overhead_ms"]  # the plan's prefill p95
-                fitted_p95 = profile.predict_ttft_ms(tok["prompt"], tok["cached"])[1]
+                fitted_p50, fitted_p95 = profile.predict_ttft_ms(tok["prompt"], tok["cached"])
+                answers_p95 = float(correction.apply([fitted_p50], [fitted_p95], answers_state)[1][0])
                 row = {"i": i, "hog": busy is not None, "prefill_ms": t["prefill_ms"],
-                       "corrected_p95": corrected_p95, "fitted_p95": fitted_p95,
-                       "factor": p["correction_factor"], "mult": p["p95_multiplier"], "k": r["chosen_k"]}
+                       "corrected_p95": corrected_p95, "answers_p95": answers_p95, "fitted_p95": fitted_p95,
+                       "factor": p["correction_factor"], "mult": p["p95_multiplier"],
+                       "speed": p.get("machine_speed"), "k": r["chosen_k"]}
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
@@ -355,10 +373,10 @@ def hog(args: argparse.Namespace) -> int:
 
     after = [r for r in rows if r["hog"]]
     out = {"kind": "hog", "profile": profile.id, "warmup": cov(rows[:args.warmup], "corrected_p95"),
-           "after_1_20": {"corrected": cov(after[:20], "corrected_p95"),
-                          "fitted": cov(after[:20], "fitted_p95")},
-           "after_21_40": {"corrected": cov(after[20:40], "corrected_p95"),
-                           "fitted": cov(after[20:40], "fitted_p95")},
+           "after_1_10": {k: cov(after[:10], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
+           "after_11_20": {k: cov(after[10:20], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
+           "after_1_20": {k: cov(after[:20], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
+           "after_21_40": {k: cov(after[20:40], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
            "factor_end": after[-1]["factor"] if after else None, "rows": rows}
     with args.out.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(out) + "\n")
@@ -577,6 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-cell", type=int, default=8, help="answers per cell and arm")
     ap.add_argument("--rates", default="0.3,0.6", help="Poisson arrival rates, requests/s")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arms", default="on,off", help=f"grid: the arms to run, from {','.join(ARMS)}")
     ap.add_argument("--report", action="store_true", help="print the table of --out and exit")
     ap.add_argument("--grid-warmup", type=int, default=0,
                     help="grid: answers before the first cell (closed loop, 1 client, 3000 ms), so the "
@@ -596,6 +615,9 @@ def main(argv: list[str] | None = None) -> int:
                     "RxB (max running x step token budget), comma-separated, e.g. 4x256,8x256,16x256")
     ap.add_argument("--rounds", type=int, default=1, help="--engine-sweep: interleaved rounds")
     args = ap.parse_args(argv)
+    args.arm_list = [a for a in args.arms.split(",") if a]
+    if not args.arm_list or any(a not in ARMS for a in args.arm_list):
+        ap.error(f"--arms: a comma-separated subset of {','.join(ARMS)}, got {args.arms!r}")
     if args.report:
         print(report(args.out))
         return 0
