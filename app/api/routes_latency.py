@@ -38,6 +38,12 @@ class ProfilePublic(BaseModel):
     prefill_coefficients: dict[str, float]
     prefill_quantiles: dict[str, float]
     prefill_abs_quantiles_ms: dict[str, float] = Field(default_factory=dict)
+    prefill_chunk_tokens: int | None = Field(
+        default=None, description="prefill chunk size (tokens) of the `chunked` form; null for other forms")
+    step_model: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the mixed-step model (latency_model.step_model): form, formula, coefficients (ms per "
+                    "feature unit), held-out quantiles and errors (fractions); {} when not calibrated")
     decode_model: str
     decode_coefficients: dict[str, float]
     decode_quantiles: dict[str, float]

@@ -85,6 +85,15 @@ def describe(profile: dict[str, Any]) -> str:
         if profile.get("form_comparison"):
             lines.append("  forms    " + ", ".join(f"{k} {_pct(v)}" for k, v in
                                                     sorted(profile["form_comparison"].items())))
+    step = profile.get("step_model") or {}
+    if step:
+        sc = ", ".join(f"{k}={v:.4g}" for k, v in step.get("coefficients", {}).items())
+        sq = step.get("quantiles") or {}
+        lines.append(f"  step     {step.get('form')}: {step.get('formula')}; {sc}  (ms; band p50 "
+                     f"{sq.get('p50', 0):+.1%}, p95 {sq.get('p95', 0):+.1%})")
+        lines.append(f"  step     held-out leave-one-point-out MAPE {_pct(step.get('loo_point_mape'))}; "
+                     f"fresh steps: MAPE {_pct(step.get('fresh_mape'))}, p95 coverage "
+                     f"{_pct(step.get('fresh_p95_coverage'))} of {step.get('fresh_points')}")
     elif profile.get("prior"):
         lines.append(f"  prior    {profile['prior'].get('peaks_source')}")
     lines += [f"  note     {n}" for n in profile.get("notes", [])]

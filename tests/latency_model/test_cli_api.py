@@ -120,3 +120,36 @@ def test_api_unknown_profile_is_404(client: tuple[TestClient, str]) -> None:
 def test_api_requires_a_key(client: tuple[TestClient, str]) -> None:
     c, _ = client
     assert c.get("/v1/latency/profiles").status_code == 401
+
+
+@pytest.fixture(scope="module")
+def step_profile() -> Profile:
+    """A profile with a mixed-step model and a ``chunked`` prefill form (fake step timer)."""
+    from latency_model.calibration import calibrate, quick_grid
+    from tests.latency_model.conftest import no_cpu_probe
+    from tests.latency_model.test_step_model import FakeStepTimer
+
+    return calibrate(FakeStepTimer(noise=0.01), grid=quick_grid(2048, [83], 256), seed=5,
+                     progress=False, cpu_probe=no_cpu_probe)
+
+
+def test_a_step_model_is_shown_by_the_cli_and_returned_whole_by_the_api(
+        fake_env: FakeGenerator, engine: Engine, settings: Settings, step_profile: Profile,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    fit = step_profile.step_fit
+    assert fit is not None and step_profile.step_model
+    save_profile(engine, settings.data_dir, step_profile)
+    code, out, _ = _run(capsys, "profiles", "show", step_profile.id)
+    step_lines = [line for line in out.splitlines() if line.lstrip().startswith("step ")]
+    assert code == 0 and len(step_lines) == 2
+    assert "mixed_step" in step_lines[0] and f"b={fit.coefficients['b']:.4g}" in step_lines[0]
+    assert f"of {fit.fresh_points}" in step_lines[1] and "leave-one-point-out" in step_lines[1]
+    conf = get_settings(data_dir=settings.data_dir, database_url=settings.resolved_database_url,
+                        auth_enabled=False)
+    with TestClient(create_app(conf)) as c:
+        r = c.get(f"/v1/latency/profiles/{step_profile.id}?samples=false")
+        listed = c.get("/v1/latency/profiles").json()["profiles"]
+    body = r.json()
+    assert r.status_code == 200 and body["step_model"] == step_profile.step_model
+    assert body["prefill_chunk_tokens"] == step_profile.prefill_chunk_tokens
+    assert [p["step_model"] for p in listed] == [step_profile.step_model]
