@@ -356,6 +356,7 @@ def hog(args: argparse.Namespace) -> int:
                 answers_p95 = float(correction.apply([fitted_p50], [fitted_p95], answers_state)[1][0])
                 row = {"i": i, "hog": busy is not None, "prefill_ms": t["prefill_ms"],
                        "corrected_p95": corrected_p95, "answers_p95": answers_p95, "fitted_p95": fitted_p95,
+                       "fitted_p50": fitted_p50,
                        "factor": p["correction_factor"], "mult": p["p95_multiplier"],
                        "speed": p.get("machine_speed"), "k": r["chosen_k"]}
                 rows.append(row)

@@ -17,7 +17,9 @@ it (``(n, 0, prefix_tokens=P)``: the scaffold in its own chunk, then the rest, a
 an answer without a cached scaffold runs) and, with ``--plain``, a prompt without
 a scaffold (``(n, 0)``), interleaved: every repeat visits the lengths in a rotated
 order and the paths in a rotated order, back to back. Medians over ``--repeats``;
-the saving is the median of the paired differences. The predicted
+the saving is the median of the paired differences, and again read step by step
+(``step_saving``: the miss's scaffold steps plus the difference outside steps, the
+identical later steps left out, so their repeat noise does not drown the saving). The predicted
 saving is ``p50(n, 0, prefix=P) - p50(n, P)`` from ``--profile``, or from a quick
 calibration run in the same process first (``--calibrate``: the same
 ``latency_model.calibration.calibrate`` on the same ``quick_grid`` as
@@ -85,6 +87,28 @@ def machine() -> dict[str, Any]:
             "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
 
 
+def step_saving(scaffold: int, miss: list[Any], hit: list[Any], miss_ms: float,
+                hit_ms: float) -> float | None:
+    """What one cache hit saved, read step by step from a paired miss and hit, ms; None when
+    the two did not run the same steps after the scaffold.
+
+    A miss runs the scaffold in its own chunk(s) (every segment starting before ``scaffold``),
+    then exactly the steps a hit runs (same tokens at the same positions, attending to the same
+    keys): the saving is the miss's scaffold steps plus the difference in time outside steps
+    (cache copy on a hit; storing the scaffold's KV on a miss). The identical later steps are
+    left out, so their repeat noise (hundreds of ms at 2000 tokens on a shared 2-core VM) does
+    not drown a ~200 ms saving; their expected difference is zero because their shapes are the
+    same, which this checks (``StepRecord.segments`` and ``logit_rows``)."""
+    cut = next((i for i, st in enumerate(miss) if any(start >= scaffold for _, start in st.segments)),
+               len(miss))
+    head, rest = miss[:cut], miss[cut:]
+    if [(st.segments, st.logit_rows) for st in rest] != [(st.segments, st.logit_rows) for st in hit]:
+        return None
+    outside_miss = miss_ms - sum(st.ms for st in miss)
+    outside_hit = hit_ms - sum(st.ms for st in hit)
+    return sum(st.ms for st in head) + outside_miss - outside_hit
+
+
 def engine_rows(gen: LocalGenerator, lengths: list[int], scaffold: int, repeats: int,
                 model: Any, plain: bool = False) -> list[dict[str, Any]]:
     """Hit / miss (/ no-scaffold with ``plain``) prefill medians (ms) per length, interleaved,
@@ -97,6 +121,7 @@ def engine_rows(gen: LocalGenerator, lengths: list[int], scaffold: int, repeats:
     if plain:
         paths["plain"] = (0, None)
     times: dict[tuple[int, str], list[float]] = {(n, k): [] for n in lengths for k in paths}
+    steps: dict[tuple[int, str], list[list[Any]]] = {(n, k): [] for n in lengths for k in paths}
     names = list(paths)
     for n in lengths:  # warm-up: one of each path per length (first-touch allocations)
         for k in names:
@@ -106,7 +131,9 @@ def engine_rows(gen: LocalGenerator, lengths: list[int], scaffold: int, repeats:
         for i, n in enumerate(order):
             rot = (r + i) % len(names)
             for k in names[rot:] + names[:rot]:
-                times[(n, k)].append(gen.prefill_ms(n, paths[k][0], prefix_tokens=paths[k][1]))
+                log: list[Any] = []
+                times[(n, k)].append(gen.prefill_ms(n, paths[k][0], prefix_tokens=paths[k][1], steps=log))
+                steps[(n, k)].append(log)
     rows = []
     for n in lengths:
         med = {k: statistics.median(times[(n, k)]) for k in names}
@@ -117,6 +144,15 @@ def engine_rows(gen: LocalGenerator, lengths: list[int], scaffold: int, repeats:
                                "samples": {k: times[(n, k)] for k in names},
                                "saving_ms": statistics.median(diffs), "saving_q1_ms": q1, "saving_q3_ms": q3,
                                "never_slower": statistics.median(diffs) >= 0}
+        by_steps = [step_saving(scaffold, m, h, mt, ht) for m, h, mt, ht in
+                    zip(steps[(n, "miss")], steps[(n, "hit")], times[(n, "miss")], times[(n, "hit")],
+                        strict=True)]
+        good = [x for x in by_steps if x is not None]
+        if good:
+            sq1, _, sq3 = statistics.quantiles(good, n=4) if len(good) > 1 else (good[0],) * 3
+            row.update({"step_saving_ms": statistics.median(good), "step_saving_q1_ms": sq1,
+                        "step_saving_q3_ms": sq3, "step_saving_pairs": len(good),
+                        "step_saving_samples": good})
         if plain:
             row["saving_vs_plain_ms"] = med["plain"] - med["hit"]
         if model is not None:
@@ -125,6 +161,8 @@ def engine_rows(gen: LocalGenerator, lengths: list[int], scaffold: int, repeats:
             row["predicted_saving_ms"] = miss - hit
             row["predicted_hit_ms"], row["predicted_miss_ms"] = hit, miss
             row["saving_error"] = (miss - hit) / row["saving_ms"] - 1.0 if row["saving_ms"] > 0 else None
+            if row.get("step_saving_ms", 0) > 0:
+                row["step_saving_error"] = (miss - hit) / row["step_saving_ms"] - 1.0
         rows.append(row)
     return rows
 
@@ -156,14 +194,20 @@ def engine_main(args: argparse.Namespace, gen: LocalGenerator, builder: PromptBu
         print(f"# profile {model.id[:19]} form {model.prefill_model} {model.prefill_coefficients} "
               f"comparison {model.form_comparison}")
     print("| prompt | hit ms | miss ms | saving ms (median of paired miss - hit) | quartiles ms "
-          "| predicted saving ms | error |" + (" no scaffold ms |" if args.plain else ""))
-    print("|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if args.plain else ""))
+          "| saving from steps ms | quartiles ms | predicted saving ms | error vs paired | error vs steps |"
+          + (" no scaffold ms |" if args.plain else ""))
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if args.plain else ""))
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:+.1f} %"
+
     for r in rows:
-        err = r.get("saving_error")
+        steps = (f"{r['step_saving_ms']:.1f} | {r['step_saving_q1_ms']:.0f} .. {r['step_saving_q3_ms']:.0f}"
+                 if "step_saving_ms" in r else "- | -")
         print(f"| {r['prompt_tokens']} | {r['hit_ms']:.1f} | {r['miss_ms']:.1f} | {r['saving_ms']:.1f} "
-              f"| {r['saving_q1_ms']:.0f} .. {r['saving_q3_ms']:.0f} "
+              f"| {r['saving_q1_ms']:.0f} .. {r['saving_q3_ms']:.0f} | {steps} "
               f"| {r.get('predicted_saving_ms', float('nan')):.1f} "
-              f"| {'-' if err is None else f'{100 * err:+.1f} %'} |"
+              f"| {pct(r.get('saving_error'))} | {pct(r.get('step_saving_error'))} |"
               + (f" {r['plain_ms']:.1f} |" if args.plain else ""))
     if args.json:
         Path(args.json).write_text(json.dumps({

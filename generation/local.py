@@ -36,6 +36,7 @@ from generation.scheduler import (
     Engine,
     SeqKV,
     Sequence,
+    StepRecord,
     register_packed_attention,
 )
 from retrieval.tokens import HFTextTokenizer, TextTokenizer
@@ -226,7 +227,7 @@ class LocalGenerator:
         return (time.perf_counter() - t0) * 1000.0
 
     def prefill_ms(self, prompt_tokens: int, cached_tokens: int, *,
-                   prefix_tokens: int | None = None) -> float:
+                   prefix_tokens: int | None = None, steps: list[StepRecord] | None = None) -> float:
         """Time the engine's prefill of one answer alone: cache copy + chunked prefill + first token, ms.
 
         ``prefix_tokens`` is the scaffold boundary the engine chunks at (default
@@ -234,7 +235,9 @@ class LocalGenerator:
         scaffold (the scaffold in its own chunks, then the rest, its KV stored for the next
         request, as an answer does), ``(n, P)`` a hit. A cached prefix is computed first,
         untimed, and kept out of the LRU. CUDA work is synchronised before and after the
-        timed section.
+        timed section. ``steps``, when given, receives the timed run's engine steps
+        (:class:`generation.scheduler.StepRecord`, oldest first): what a cache miss computes
+        that a hit does not can then be read step by step.
 
         Raises:
             InvalidInput: not ``0 <= cached_tokens <= prompt_tokens < context_window``, or a
@@ -255,9 +258,12 @@ class LocalGenerator:
             seq = self._sequence(ids, prefix, GenParams(max_new_tokens=1))
             self._sync()
             t0 = time.perf_counter()
-            self._run_detached(seq, detached)
+            engine = self._run_detached(seq, detached)
             self._sync()
-            return (time.perf_counter() - t0) * 1000.0
+            ms = (time.perf_counter() - t0) * 1000.0
+            if steps is not None:
+                steps.extend(engine.recent_steps())
+            return ms
 
     def decode_step_ms(self, context_tokens: int) -> float:
         """Time one engine decode step of one answer alone after ``context_tokens``, ms.
@@ -369,13 +375,15 @@ class LocalGenerator:
                         select=lambda logits: self._select(logits, params, rng),
                         eos=frozenset(self.eos_token_ids) if eos is None else eos, cancel=cancel)
 
-    def _run_detached(self, seq: Sequence, store: dict[str, Any]) -> None:
-        """Run ``seq`` alone to its first token with a private prefix store (calibration)."""
+    def _run_detached(self, seq: Sequence, store: dict[str, Any]) -> Engine:
+        """Run ``seq`` alone to its first token with a private prefix store (calibration);
+        returns the private engine it ran on (its step log holds the run's steps)."""
         engine = Engine(self.model, self.device, self._lock,
                         lambda ids: store.get("entry") if store.get("len") == len(ids) else None,
                         lambda ids, kv, lg: store.update({"entry": (kv, lg), "len": len(ids)}),
                         1, 1 << 30, self.fixed_rows)
         engine.run_alone(seq)
+        return engine
 
     def _run(self, prompt_ids: list[int], prefix: list[int], params: GenParams,
              cancel: threading.Event | None, chunk: int) -> Iterator[TokenEvent]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -177,6 +178,26 @@ def test_prefill_timer_times_a_scaffold_miss_and_refuses_a_bad_boundary(g: Any) 
         g.prefill_ms(120, 40, prefix_tokens=80)  # a hit's boundary is its cached length
     with pytest.raises(InvalidInput):
         g.prefill_ms(120, 0, prefix_tokens=121)
+
+
+def test_a_scaffold_miss_runs_its_scaffold_then_exactly_the_steps_of_a_hit(g: Any) -> None:
+    from benchmarks.prefix_cache import step_saving
+
+    miss: list[Any] = []
+    hit: list[Any] = []
+    miss_ms = g.prefill_ms(120, 0, prefix_tokens=40, steps=miss)
+    hit_ms = g.prefill_ms(120, 40, steps=hit)
+    assert [st.segments for st in miss] == [((40, 0),), ((80, 40),)]
+    assert [(st.segments, st.logit_rows) for st in hit] == [(((80, 40),), 1)]
+    assert miss[1].logit_rows == hit[0].logit_rows and sum(st.ms for st in miss) <= miss_ms
+    saving = step_saving(40, miss, hit, miss_ms, hit_ms)
+    assert saving is not None and math.isfinite(saving)
+    # the saving's outside-step terms come from the same calls: here they are exact
+    assert math.isclose(saving, miss[0].ms + (miss_ms - miss[0].ms - miss[1].ms) - (hit_ms - hit[0].ms))
+    # a hit that ran other steps is not paired with this miss
+    other: list[Any] = []
+    other_ms = g.prefill_ms(150, 40, steps=other)
+    assert step_saving(40, miss, other, miss_ms, other_ms) is None
 
 
 def test_step_timer_times_a_mixed_step_and_checks_its_shape(g: Any) -> None:
