@@ -16,12 +16,19 @@ two bounded terms on top of the fitted profile, which itself is never changed:
   19 scores that rank is beyond the window; the fitted p95/p50 spread is used,
   widened to the largest score seen. Bounded by ``max_multiplier``.
 
-  The corrected p95 is never narrower than the fitted spread either (p95' >=
-  fitted p95 x factor): a machine that drifts (a busy neighbour arriving, then
-  going) is not exchangeable with the window, and a window of steady answers
-  would otherwise put p95 a few percent above p50. On the CPU-hog run
-  (docs/benchmarks.md) this floor is what keeps answers 11-40 after the hog
-  covered (replayed offline on its 50 answers: 100 % vs 80 % / 90 % without).
+  Without a machine speed the corrected p95 is never narrower than the fitted
+  spread either (p95' >= fitted p95 x factor): a machine that drifts (a busy
+  neighbour arriving, then going) is not exchangeable with the window, and a
+  window of steady answers would otherwise put p95 a few percent above p50. On
+  the CPU-hog run (docs/benchmarks.md, third run) this floor is what kept answers
+  11-40 after the hog covered (replayed offline on its 50 answers: 100 % vs 80 % /
+  90 % without). When the scores are speed-normalised (below) the drift is taken
+  out of them, the window is exchangeable again and the conformal multiplier alone
+  sets p95: on the fourth hog run the floor changed no answer's coverage (the
+  multiplier was 1.15-1.21 against a fitted spread of 1.27), while in the load
+  grid it held a quarter of every budget back (docs/benchmarks.md, "The grid,
+  fourth run" and "fifth run"). Before the conformal rank is reached the floor
+  applies either way.
 
 * ``speed``: how fast the machine runs engine steps now, against the mixed-step
   model (:func:`latency_model.step_model.machine_speed`), when the caller reads it.
@@ -213,8 +220,10 @@ class OnlineCorrection:
         """Corrected ``(p50, p95)`` arrays from the fitted ones (ms), under ``state`` (default: now).
 
         p50' = p50 x factor; p95' = max(p50' x multiplier, p95 x factor) when the window
-        holds enough answers for the conformal rank, else max(p95 x factor, p50' x largest
-        score (``state.max_score``)); capped at p50' x ``max_multiplier`` and never below p50'.
+        holds enough answers for the conformal rank (p50' x multiplier alone when the
+        factor is speed-normalised, ``state.speed`` set: see the module docstring), else
+        max(p95 x factor, p50' x largest score (``state.max_score``)); capped at p50' x
+        ``max_multiplier`` and never below p50'.
         """
         st = state or self.state()
         a50 = np.asarray(p50, dtype=np.float64)
@@ -223,7 +232,8 @@ class OnlineCorrection:
             return a50, a95
         c50 = a50 * st.factor
         if st.p95_multiplier is not None:
-            c95 = np.minimum(np.maximum(c50 * st.p95_multiplier, a95 * st.factor), c50 * self.max_multiplier)
+            floor = c50 if st.speed is not None else a95 * st.factor
+            c95 = np.minimum(np.maximum(c50 * st.p95_multiplier, floor), c50 * self.max_multiplier)
         else:
             c95 = np.minimum(np.maximum(a95 * st.factor, c50 * st.max_score), c50 * self.max_multiplier)
         return c50, np.maximum(c95, c50)

@@ -272,6 +272,29 @@ def test_a_steady_window_never_narrows_p95_below_the_fitted_spread() -> None:
     assert p50[0] == pytest.approx(150.0) and p95[0] == pytest.approx(112.0 * 1.5)
 
 
+def test_speed_normalised_scores_set_p95_by_the_conformal_multiplier_alone() -> None:
+    """With the drift taken out by the machine speed, the window is exchangeable: p95 is the
+    conformal multiplier over p50, narrower than the fitted spread when the answers are;
+    before the conformal rank is reached the fitted spread still applies."""
+    ratios = [1.0 + 0.005 * i for i in range(40)]  # 1.000 .. 1.195: tighter than the 1.3 spread
+    c = OnlineCorrection("p", window=40, min_samples=5)
+    for i, r in enumerate(ratios):
+        speed = 1.0 if i % 2 else 1.6  # a machine that keeps changing speed
+        c.observe(100.0, 100.0 * r * speed, speed=speed)
+    st = c.state(1.6)
+    assert st.speed == pytest.approx(1.6) and st.p95_multiplier is not None
+    p50, p95 = c.apply([100.0], [130.0], st)
+    assert p95[0] == pytest.approx(p50[0] * st.p95_multiplier) and p95[0] < 130.0 * st.factor
+    covered = sum(100.0 * r * 1.6 <= p95[0] for r in ratios) / len(ratios)
+    assert covered >= 0.95
+    few = OnlineCorrection("p", window=40, min_samples=5)
+    for r in ratios[:10]:
+        few.observe(100.0, 100.0 * r, speed=1.0)
+    st = few.state(1.0)
+    assert st.p95_multiplier is None and st.speed == pytest.approx(1.0)
+    assert few.apply([100.0], [130.0], st)[1][0] == pytest.approx(130.0 * st.factor)
+
+
 def test_corrected_profile_and_registry(api_profile: Any) -> None:
     reg = CorrectionRegistry(window=5, min_samples=1)
     c = reg.get(api_profile.id)
