@@ -21,7 +21,7 @@ from numpy.typing import ArrayLike, NDArray
 from foundation.errors import IntegrityFailure, InvalidInput
 from foundation.hashing import canonical_json, sha256_json
 from latency_model.predictors import DecodePredictor, PrefillPredictor, decode_model, prefill_model
-from latency_model.step_model import StepFit
+from latency_model.step_model import StepFit, StepShape, prefill_schedule
 
 SCHEMA_VERSION = 1
 SOURCES = ("fitted", "prior")
@@ -175,10 +175,34 @@ class Profile:
         """Vectorised :meth:`predict_ttft_ms`: ``((N,) p50 ms, (N,) p95 ms)``.
 
         ``prefix_tokens``: the scaffold boundary the engine chunks at (default: the cached
-        length), so ``(n, 0, prefix=P)`` is a cache miss on a ``P``-token scaffold; read by
-        the ``chunked`` form only.
+        length), so ``(n, 0, prefix=P)`` is a cache miss on a ``P``-token scaffold.
+
+        A miss runs the scaffold's own chunk(s), then exactly the steps a hit runs (same
+        tokens at the same positions, attending to the same keys). With a step model
+        (and the engine's chunk size) a miss is therefore predicted as the hit ``(n, P)``
+        plus the step model's time for the scaffold chunks ``[c, P)``
+        (:func:`latency_model.step_model.prefill_schedule`), so the saving of a hit is
+        priced by the model that times single steps. The prefill forms see a miss's extra
+        pass only through whole prefills, where passes and tokens move together: on the
+        main job's profile (docs/latency_model.md, "What a cached scaffold saves, step by
+        step") ``chunked`` put the saving at 345 ms against 404-464 ms measured, the step
+        model at 406 ms. Without a step model the prefill form prices the miss (the
+        ``chunked`` form reads ``prefix_tokens``; the others ignore it).
         """
-        point = self.prefill_predictor.predict_ms(prompt_tokens, cached_tokens, prefix_tokens)
+        point = self.prefill_predictor.predict_ms(prompt_tokens, cached_tokens, prefix_tokens)  # (N,)
+        fit, chunk = self.step_fit, self.prefill_chunk_tokens
+        if fit is not None and chunk and prefix_tokens is not None:
+            n = np.atleast_1d(np.asarray(prompt_tokens, dtype=np.int64))  # (N,)
+            c = np.broadcast_to(np.atleast_1d(np.asarray(cached_tokens, dtype=np.int64)), n.shape)  # (N,)
+            p = np.broadcast_to(np.atleast_1d(np.asarray(prefix_tokens, dtype=np.int64)), n.shape)  # (N,)
+            miss = np.flatnonzero(p > c)
+            if miss.size:
+                point = np.array(point, dtype=np.float64)
+                hit = self.prefill_predictor.predict_ms(n[miss], p[miss], p[miss])  # (M,)
+                for j, i in enumerate(miss):
+                    shapes = [StepShape.mixed(k, start, (), start + k == int(p[i]))
+                              for k, start in prefill_schedule(int(p[i]), int(c[i]), int(p[i]), chunk)]
+                    point[i] = hit[j] + float(fit.predict_point_ms(shapes).sum())
         return _band(point, self.prefill_quantiles, self.prefill_abs_quantiles_ms)
 
     def predict_ttft_ms(self, prompt_tokens: int, cached_tokens: int,

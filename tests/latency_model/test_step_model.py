@@ -149,3 +149,31 @@ def test_machine_speed_is_the_median_step_ratio() -> None:
     got = machine_speed(fit, steps)
     assert got is not None and got[0] == pytest.approx(1.4) and got[1] == 20
     assert machine_speed(fit, steps[:MIN_SPEED_STEPS - 1]) is None
+
+
+def test_a_scaffold_miss_is_priced_as_the_hit_plus_the_scaffold_steps() -> None:
+    """A miss runs the scaffold's chunks, then a hit's steps: with a step model the predicted
+    saving of a hit is the step model's time for those chunks, at every prompt length."""
+    profile = calibrate(FakeStepTimer(noise=0.01), grid=quick_grid(2048, [83], 256), seed=5,
+                        progress=False, cpu_probe=no_cpu_probe)
+    fit = profile.step_fit
+    assert fit is not None and profile.prefill_chunk_tokens == 256
+    band = 1.0 + profile.prefill_quantiles.get("p50", 0.0)
+    scaffold = float(fit.predict_point_ms([StepShape(((83, 0),), 1)])[0])
+    for n in (100, 700, 2000):
+        miss50, miss95 = profile.predict_ttft_ms(n, 0, 83)
+        hit50, _ = profile.predict_ttft_ms(n, 83)
+        assert miss50 - hit50 == pytest.approx(scaffold * band) and miss95 >= miss50
+    # a 300-token scaffold with 40 cached runs two chunks: [40, 296) and [296, 300)
+    two = fit.predict_point_ms([StepShape(((256, 40),), 0), StepShape(((4, 296),), 1)]).sum()
+    miss50, _ = profile.predict_ttft_ms(1000, 40, 300)
+    assert miss50 - profile.predict_ttft_ms(1000, 300)[0] == pytest.approx(float(two) * band)
+    many50, _ = profile.predict_ttft_many([500, 500], [0, 83], [83, 83])
+    assert many50[0] - many50[1] == pytest.approx(scaffold * band)
+    # without a step model the prefill form prices the miss itself
+    body = profile.to_dict()
+    body.pop("step_model")
+    plain = Profile.create(**body)
+    assert plain.predict_ttft_ms(700, 0, 83)[0] == pytest.approx(
+        float(plain.prefill_predictor.predict_ms([700], [0], [83])[0]) * band)
+    assert plain.predict_ttft_ms(700, 0, 83)[0] != pytest.approx(profile.predict_ttft_ms(700, 0, 83)[0])
