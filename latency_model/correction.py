@@ -25,10 +25,11 @@ two bounded terms on top of the fitted profile, which itself is never changed:
   90 % without). When the scores are speed-normalised (below) the drift is taken
   out of them, the window is exchangeable again and the conformal multiplier alone
   sets p95: on the fourth hog run the floor changed no answer's coverage (the
-  multiplier was 1.15-1.21 against a fitted spread of 1.27), while in the load
-  grid it held a quarter of every budget back (docs/benchmarks.md, "The grid,
-  fourth run" and "fifth run"). Before the conformal rank is reached the floor
-  applies either way.
+  multiplier was 1.15-1.21 against a fitted spread of 1.27). In the load grid's
+  fifth run it made no measurable difference to the budget used (60 % with it
+  off, 59 % with it on, docs/benchmarks.md): there the multiplier of a window
+  mixing answers alone and beside a batch was wider than the fitted spread.
+  Before the conformal rank is reached the floor applies either way.
 
 * ``speed``: how fast the machine runs engine steps now, against the mixed-step
   model (:func:`latency_model.step_model.machine_speed`), when the caller reads it.
