@@ -185,7 +185,7 @@ class Profile:
         priced by the model that times single steps. The prefill forms see a miss's extra
         pass only through whole prefills, where passes and tokens move together: on the
         main job's profile (docs/latency_model.md, "What a cached scaffold saves, step by
-        step") ``chunked`` put the saving at 345 ms against 404-464 ms measured, the step
+        step") ``chunked`` put the saving at 345 ms against 403-464 ms measured, the step
         model at 406 ms. Without a step model the prefill form prices the miss (the
         ``chunked`` form reads ``prefix_tokens``; the others ignore it).
         """
