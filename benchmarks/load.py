@@ -56,6 +56,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -241,7 +242,33 @@ def report(out: Path) -> str:
             lines.append(f"\n{arm}: {len(rs)} requests, {len(ans)} answered, "
                          f"{sum(1 for r in ans if r['within'])} within budget, "
                          f"{sum(1 for r in rs if r['status'] == 503)} rejected fast")
+        if ans:
+            lines.append(arm_figures(arm, ans))
     return "\n".join(lines)
+
+
+def arm_figures(arm: str, answered: list[dict[str, Any]]) -> str:
+    """One line of an arm's answered requests: cells with every answer within budget, mean
+    budget used and cells using >= 70 % of it, misses by cause, and the median of measured
+    TTFT / planned p95 for answers alone (closed-1) and beside others (every other load)."""
+    cells: dict[tuple[str, float, int], list[dict[str, Any]]] = {}
+    for r in answered:
+        cells.setdefault((r["load"], r["budget"], r["tokens"]), []).append(r)
+    full = sum(1 for rs in cells.values() if all(r["within"] for r in rs))
+    used = [r["ttft_ms"] / r["budget"] for r in answered]
+    wide = sum(1 for rs in cells.values() if statistics.mean(r["ttft_ms"] / r["budget"] for r in rs) >= 0.7)
+    causes = Counter(r.get("cause") or "?" for r in answered if not r["within"])
+
+    def ratio(rs: list[dict[str, Any]]) -> str:
+        v = [r["ttft_ms"] / r["predicted_p95_ms"] for r in rs if r.get("predicted_p95_ms")]
+        return f"{statistics.median(v):.2f}" if v else "-"
+
+    alone = [r for r in answered if r["load"] == "closed-1"]
+    others = [r for r in answered if r["load"] != "closed-1"]
+    return (f"{arm}: cells all within budget {full} of {len(cells)}; mean budget used "
+            f"{100 * statistics.mean(used):.1f} %, cells >= 70 % {wide} of {len(cells)}; misses "
+            f"{dict(causes) or 'none'}; measured TTFT / planned p95 median {ratio(alone)} alone, "
+            f"{ratio(others)} beside others")
 
 
 def _build(auth: bool = False) -> tuple[Any, Any, list[str]]:
