@@ -104,7 +104,8 @@ class AnswerReceipts:
                 late_bound=p.late_bound,
                 correction_factor=corr.factor if corr is not None else None,
                 p95_multiplier=corr.p95_multiplier if corr is not None else None,
-                machine_speed=corr.speed if corr is not None else None),
+                machine_speed=corr.speed if corr is not None else None,
+                correction_group=corr.group if corr is not None else None),
             timings=AnswerTimings(
                 queue_ms=state.queue_ms, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
                 retrieval_ms=p.timings_ms.get("retrieval_ms"),

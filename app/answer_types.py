@@ -80,6 +80,9 @@ class PredictedTTFT(BaseModel):
     machine_speed: float | None = Field(None, description="the machine's speed the correction was "
                                         "scaled to: engine step time over the step model's, median "
                                         "of the latest steps (None: not read, or correction off)")
+    correction_group: str | None = Field(None, description="the answers that set the factor and "
+                                         "multiplier: 'alone' or 'batched' (the plan's own group), "
+                                         "None: the pooled window, or correction off")
 
 
 class AnswerTimings(BaseModel):

@@ -46,7 +46,7 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.answer_receipt import AnswerReceipts
 from app.answer_state import AnswerEvent, AnswerRequest, InFlight, Prepared
@@ -172,6 +172,10 @@ class AnswerPipeline:
     def correction_state(self, profile_id: str) -> CorrectionState:
         """The online correction of ``profile_id`` as it stands: :meth:`PlanBands.correction_state`."""
         return self.bands.correction_state(profile_id)
+
+    def correction_summary(self, profile_id: str) -> dict[str, Any]:
+        """The online correction of ``profile_id`` with its groups: :meth:`PlanBands.correction_summary`."""
+        return self.bands.correction_summary(profile_id)
 
     def _learn(self, p: Prepared, stats: GenerationStats | None, prefill_ms: float | None,
                span: tuple[float | None, float | None] = (None, None)) -> None:

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from latency_model.correction import CorrectedProfile, CorrectionRegistry, CorrectionState
+from latency_model.correction import ALONE, BATCHED, CorrectedProfile, CorrectionRegistry, CorrectionState
 from latency_model.planner import PrefillBand
 from latency_model.profile import Profile
 
@@ -50,6 +50,15 @@ log = logging.getLogger("ragbudget.pipeline")
 #: correction then takes the speed of the newest answer it learned from).
 SPEED_STEPS = 32
 SPEED_HORIZON_S = 10.0
+
+
+def group_of(band: Any) -> str:
+    """The online correction group of a plan made with ``band``: :data:`BATCHED` when it is a
+    :class:`latency_model.step_model.BatchedBand` (the engine was running other answers),
+    else :data:`ALONE` (see :mod:`latency_model.correction`)."""
+    from latency_model.step_model import BatchedBand
+
+    return BATCHED if isinstance(band, BatchedBand) else ALONE
 
 
 class PlanBands:
@@ -80,13 +89,15 @@ class PlanBands:
         (:class:`latency_model.step_model.BatchedBand`); under the online correction when
         that is on. The correction sits on top of the batch-aware prediction because it
         learns from it (:meth:`learn`): its factor and p95 multiplier are residuals of
-        what the batch model already explains, not the batch itself a second time.
+        what the batch model already explains, not the batch itself a second time. The
+        plan's correction group (:func:`group_of`) is the band's: alone or beside a batch.
         """
         band = self.batched(profile, profile)
         if self._pipeline.online_correction:
             use = bool(self._pipeline.live_speed)
             corrected = CorrectedProfile(band, self.corrections.get(profile.id),
-                                         self.live_speed(profile) if use else None, use)
+                                         self.live_speed(profile) if use else None, use,
+                                         group_of(band))
             return corrected, corrected.state
         return band, None
 
@@ -167,6 +178,13 @@ class PlanBands:
         machine speed of the newest answer it learned from (when the ``live_speed`` switch is on)."""
         return self.corrections.get(profile_id).state(None, bool(self._pipeline.live_speed))
 
+    def correction_summary(self, profile_id: str) -> dict[str, Any]:
+        """:meth:`correction_state` as a dict, with ``groups``: what a plan alone and a plan
+        beside a batch get now (:meth:`latency_model.correction.OnlineCorrection.groups`)."""
+        correction = self.corrections.get(profile_id)
+        use = bool(self._pipeline.live_speed)
+        return {**correction.state(None, use).to_dict(), "groups": correction.groups(None, use)}
+
     def learn(self, p: Prepared, stats: GenerationStats | None, prefill_ms: float | None,
               span: tuple[float | None, float | None] = (None, None)) -> None:
         """Feed the measured prefill to the profile's online correction (and store its state).
@@ -178,8 +196,8 @@ class PlanBands:
         the measured time from the model granted to the first token; the p95 in force
         for it then gives the coverage figure; ``span``: ``(granted, last token)``
         ``perf_counter`` seconds of the answer, whose engine steps give the machine speed it
-        ran at (:meth:`live_speed`). Fed whether or not the correction is applied, so
-        switching it on starts from the machine as it is.
+        ran at (:meth:`live_speed`); its group is that band's (:func:`group_of`). Fed whether
+        or not the correction is applied, so switching it on starts from the machine as it is.
         """
         if stats is None or prefill_ms is None:
             return
@@ -194,11 +212,12 @@ class PlanBands:
         p95_now = float(band.predict_ttft_many([prompt], [cached], [max(prefix, cached)])[1][0])
         correction = self.corrections.get(p.profile.id)
         speed = self.live_speed(p.profile, span[0], span[1]) if span[0] is not None else None
-        correction.observe(fitted_p50, prefill_ms, p95_now, speed)
+        correction.observe(fitted_p50, prefill_ms, p95_now, speed, group_of(fitted))
         use = bool(self._pipeline.live_speed)
         state = correction.state(self.live_speed(p.profile) if use else None, use)
         self._pipeline.metrics.correction(state.factor, state.p95_multiplier, state.coverage, state.speed)
         try:
-            save_correction_state(self._pipeline.services.data_dir, state, correction.window_pairs())
+            save_correction_state(self._pipeline.services.data_dir, state, correction.window_pairs(),
+                                  groups=correction.groups(None, use))
         except OSError:
             log.warning("could not store the online correction of %s", p.profile.id, exc_info=True)

@@ -18,6 +18,7 @@ import json
 import os
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -232,11 +233,12 @@ def correction_path(data_dir: Path, profile_id: str) -> Path:
     return profiles_dir(data_dir) / "corrections" / (profile_id.removeprefix("sha256:") + ".json")
 
 
-def save_correction_state(data_dir: Path, state: Any,
-                          window: list[tuple[float, float, bool, float | None]] | None = None) -> Path:
+def save_correction_state(data_dir: Path, state: Any, window: Sequence[Sequence[Any]] | None = None,
+                          groups: dict[str, Any] | None = None) -> Path:
     """Store a :class:`latency_model.correction.CorrectionState` (atomically: write, then rename),
     with the correction's window pairs when given (``window``: what a restarted process
-    reloads, :func:`load_correction_window`).
+    reloads, :func:`load_correction_window`) and its per-group figures (``groups``:
+    :meth:`latency_model.correction.OnlineCorrection.groups`).
 
     The serving process writes it after each answer; ``ragbudget profiles show`` reads it.
     The profile file itself (its fitted coefficients) is never touched.
@@ -249,6 +251,8 @@ def save_correction_state(data_dir: Path, state: Any,
     body = state.to_dict()
     if window is not None:
         body["window_pairs"] = [list(pair) for pair in window]
+    if groups is not None:
+        body["groups"] = groups
     tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(body, sort_keys=True), encoding="utf-8")
     os.replace(tmp, path)
@@ -256,8 +260,9 @@ def save_correction_state(data_dir: Path, state: Any,
 
 
 def load_correction_window(data_dir: Path, profile_id: str) -> list[list[Any]]:
-    """The stored window pairs ``[fitted p50 ms, measured ms, covered, machine speed or null]``
-    of ``profile_id``'s online correction (three fields when stored before speeds were), oldest
+    """The stored window pairs ``[fitted p50 ms, measured ms, covered, machine speed or null,
+    group or null]`` of ``profile_id``'s online correction (three or four fields when stored
+    before speeds, or groups, were), oldest
     first; ``[]`` when none are stored (or the file is unreadable)."""
     data = load_correction_state(data_dir, profile_id) or {}
     pairs = data.get("window_pairs")

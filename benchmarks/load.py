@@ -129,6 +129,8 @@ def _one(client: Any, url: str, question: str, budget: float, tokens: int,
                    auth_ms=t.get("auth_ms"), overhead_ms=t["overhead_ms"], k=a["chosen_k"],
                    binding=a["binding"], within=a["within_budget"], cause=a["budget_miss_cause"],
                    predicted_wait_ms=p["wait_ms"], predicted_p95_ms=p["ttft_p95_ms"],
+                   predicted_p50_ms=p["ttft_p50_ms"], p95_multiplier=p.get("p95_multiplier"),
+                   correction_group=p.get("correction_group"), prompt_tokens=a["tokens"]["prompt"],
                    correction_factor=p["correction_factor"], machine_speed=p.get("machine_speed"),
                    tokens_out=a["tokens"]["output"])
     else:

@@ -43,6 +43,18 @@ two bounded terms on top of the fitted profile, which itself is never changed:
   recent steps, or fewer than ``min_samples`` answers stored with one) the factor
   is the plain median above.
 
+* ``group`` (Mondrian conformal prediction: Vovk, Lindsay, Nouretdinov & Gammerman,
+  *Mondrian confidence machine*, 2003; Vovk et al. 2005, section 4.5): each answer is
+  stored with what its plan knew when it was made, ``"alone"`` (the engine ran nothing
+  else) or ``"batched"`` (its prefill shared steps with other answers), and a plan in one
+  group takes its factor and multiplier from that group's answers alone, once the group
+  holds enough of them for the conformal rank (:data:`GROUP_MIN`); until then from the
+  pooled window. One pooled window mixes two spreads: a batched answer's prefill also pays
+  for answers that arrive after its plan (its prediction cannot see them), and in the load
+  grid's fifth run (docs/benchmarks.md) that mixture put every plan's p95 at 1.33-1.37x the
+  measured TTFT, alone or not, where the fitted spread was 1.18-1.25x. Each group keeps its
+  own ``window`` newest answers, so a busy spell does not push the answers alone out.
+
 Until ``min_samples`` answers have been seen the fitted prediction is used
 unchanged (factor 1). A new calibration is a new profile id and starts a fresh
 correction (:class:`CorrectionRegistry`); so does :meth:`OnlineCorrection.reset`.
@@ -63,6 +75,16 @@ from numpy.typing import ArrayLike, NDArray
 from foundation.errors import InvalidInput
 
 COVERAGE = 0.95
+#: The groups answers are stored in (see the module docstring): planned with nothing else on
+#: the engine, or beside a running batch.
+ALONE = "alone"
+BATCHED = "batched"
+GROUPS = (ALONE, BATCHED)
+#: The fewest scores whose conformal rank ``ceil((n + 1) x COVERAGE)`` is within them (19 at 0.95).
+GROUP_MIN = next(n for n in range(1, 1000) if math.ceil((n + 1) * COVERAGE) <= n)
+
+#: One stored answer: fitted p50 ms, measured ms, covered, machine speed (or None), group (or None).
+Pair = tuple[float, float, bool, float | None, str | None]
 
 
 @dataclass(frozen=True)
@@ -87,13 +109,19 @@ class CorrectionState:
     coverage: float | None
     speed: float | None = None
     max_score: float = 1.0
+    group: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every field."""
         return {"profile_id": self.profile_id, "factor": self.factor,
                 "p95_multiplier": self.p95_multiplier, "n": self.n, "window": self.window,
                 "active": self.active, "coverage": self.coverage, "speed": self.speed,
-                "max_score": self.max_score}
+                "max_score": self.max_score, "group": self.group}
+
+
+def _good_group(value: Any) -> str | None:
+    """``value`` as a group name (one of :data:`GROUPS`), else ``None`` (pooled only)."""
+    return value if isinstance(value, str) and value in GROUPS else None
 
 
 def _good_speed(value: Any) -> float | None:
@@ -110,7 +138,7 @@ class OnlineCorrection:
 
     Args:
         profile_id: the profile it corrects.
-        window: answers kept (N >= 1).
+        window: answers kept, per group (N >= 1); the pooled window is the newest N of all.
         min_samples: answers needed before it applies (>= 1, <= window).
         min_factor, max_factor: bounds of the multiplicative factor (0 < min <= 1 <= max).
         max_multiplier: bound of the p95/p50 multiplier (>= 1).
@@ -133,88 +161,130 @@ class OnlineCorrection:
         self.max_factor = max_factor
         self.max_multiplier = max_multiplier
         self._lock = threading.Lock()
-        self._pairs: deque[tuple[float, float, bool, float | None]] = deque(maxlen=window)
+        # (arrival number, pair) per group; None holds answers stored without a group.
+        self._by_group: dict[str | None, deque[tuple[int, Pair]]] = {}
+        self._seq = 0
+
+    def _add(self, pair: Pair) -> None:
+        """Store one pair in its group's window (under the lock)."""
+        q = self._by_group.setdefault(pair[4], deque(maxlen=self.window))
+        q.append((self._seq, pair))
+        self._seq += 1
+
+    def _all(self) -> list[Pair]:
+        """Every stored pair of every group, oldest first (under the lock)."""
+        return [pair for _, pair in sorted((e for q in self._by_group.values() for e in q),
+                                           key=lambda e: e[0])]
 
     def reset(self) -> None:
         """Forget every answer: the fitted prediction applies unchanged again."""
         with self._lock:
-            self._pairs.clear()
+            self._by_group.clear()
 
     def observe(self, predicted_p50_ms: float, measured_ms: float,
-                predicted_p95_ms: float | None = None, speed: float | None = None) -> None:
+                predicted_p95_ms: float | None = None, speed: float | None = None,
+                group: str | None = None) -> None:
         """Add one answer: the fitted (uncorrected) p50 prediction and the measured prefill, ms.
 
         ``predicted_p95_ms``: the p95 that was in force for it (for the coverage figure).
         ``speed``: the machine speed of the steps the answer ran in (see the module
-        docstring; ``None``: not read). Non-finite or non-positive values are ignored
-        (nothing to learn from); a bad speed is stored as ``None``.
+        docstring; ``None``: not read). ``group``: what its plan knew (:data:`ALONE` or
+        :data:`BATCHED`; anything else: pooled only). Non-finite or non-positive values are
+        ignored (nothing to learn from); a bad speed is stored as ``None``.
         """
         if not (math.isfinite(predicted_p50_ms) and math.isfinite(measured_ms)
                 and predicted_p50_ms > 0 and measured_ms > 0):
             return
         covered = predicted_p95_ms is None or measured_ms <= predicted_p95_ms
         with self._lock:
-            self._pairs.append((float(predicted_p50_ms), float(measured_ms), bool(covered),
-                                _good_speed(speed)))
+            self._add((float(predicted_p50_ms), float(measured_ms), bool(covered),
+                       _good_speed(speed), _good_group(group)))
 
-    def window_pairs(self) -> list[tuple[float, float, bool, float | None]]:
-        """The window, oldest first: ``(fitted p50 ms, measured ms, covered, speed)`` per answer."""
+    def window_pairs(self) -> list[Pair]:
+        """Every stored answer, oldest first: ``(fitted p50 ms, measured ms, covered, speed,
+        group)``; up to ``window`` per group."""
         with self._lock:
-            return list(self._pairs)
+            return self._all()
 
     def restore(self, pairs: Sequence[Sequence[Any]]) -> int:
-        """Refill the window from stored :meth:`window_pairs` (a process that starts again
-        carries on from the machine as the last one saw it); returns how many were taken.
-        Malformed or non-positive entries are skipped; only the newest ``window`` are kept.
-        Entries of three fields (stored before speeds were) restore with no speed."""
-        good: list[tuple[float, float, bool, float | None]] = []
+        """Refill the windows from stored :meth:`window_pairs` (a process that starts again
+        carries on from the machine as the last one saw it); returns how many were kept.
+        Malformed or non-positive entries are skipped; each group keeps its newest
+        ``window``. Entries of three or four fields (stored before speeds, or groups, were)
+        restore with no speed, or no group."""
+        good: list[Pair] = []
         for item in pairs:
             try:
                 p50, measured, covered = float(item[0]), float(item[1]), bool(item[2])
                 speed = _good_speed(item[3]) if len(item) > 3 else None
+                group = _good_group(item[4]) if len(item) > 4 else None
             except (TypeError, ValueError, IndexError):
                 continue
             if math.isfinite(p50) and math.isfinite(measured) and p50 > 0 and measured > 0:
-                good.append((p50, measured, covered, speed))
+                good.append((p50, measured, covered, speed, group))
         with self._lock:
-            self._pairs.clear()
-            self._pairs.extend(good[-self.window:])
-            return len(self._pairs)
+            self._by_group.clear()
+            for pair in good:
+                self._add(pair)
+            return sum(len(q) for q in self._by_group.values())
 
-    def state(self, speed_now: float | None = None, use_speed: bool = True) -> CorrectionState:
+    def state(self, speed_now: float | None = None, use_speed: bool = True,
+              group: str | None = None) -> CorrectionState:
         """The correction in force now (see :class:`CorrectionState`).
 
         ``speed_now``: the machine speed read from the latest engine steps (``None``: not
         read; then the newest stored answer's speed stands for it, as the machine last
         seen). The factor follows it when at least ``min_samples`` stored answers carry a
         speed; otherwise, or with ``use_speed`` False, it is the plain median of
-        ``measured / predicted``.
+        ``measured / predicted``. ``group``: the plan's group (:data:`ALONE`,
+        :data:`BATCHED`); its own answers set the factor and multiplier once it holds
+        :data:`GROUP_MIN` of them, else (and with ``None``) the pooled window does: the newest
+        ``window`` answers of every group.
         """
         with self._lock:
-            pairs = list(self._pairs)
-        n = len(pairs)
-        coverage = sum(1 for _, _, c, _ in pairs if c) / n if n else None
+            everything = self._all()
+            own = [pair for _, pair in self._by_group.get(_good_group(group), ())] \
+                if _good_group(group) is not None else []
+        pooled = everything[-self.window:]
+        n = len(pooled)
+        coverage = sum(1 for pair in pooled if pair[2]) / n if n else None
         if n < self.min_samples:
             return CorrectionState(self.profile_id, 1.0, None, n, self.window, False, coverage)
-        timed = [(p, m, s) for p, m, _, s in pairs if s is not None] if use_speed else []
+        used_group = _good_group(group) if len(own) >= GROUP_MIN else None
+        pairs = own if used_group is not None else pooled
+        timed = [(p, m, s) for p, m, _, s, _ in pairs if s is not None] if use_speed else []
         speed = _good_speed(speed_now)
-        if speed is None and timed:
-            speed = timed[-1][2]
+        if speed is None and use_speed:
+            newest = [pair[3] for pair in pooled if pair[3] is not None]
+            speed = newest[-1] if newest else None
         if speed is not None and len(timed) >= self.min_samples:
             ratios = np.array([m / (p * s) for p, m, s in timed])  # (n',) speed-normalised
             base = float(np.median(ratios))
             factor = float(np.clip(base * speed, self.min_factor, self.max_factor))
         else:
             speed = None
-            ratios = np.array([m / p for p, m, _, _ in pairs])  # (n,)
+            ratios = np.array([pair[1] / pair[0] for pair in pairs])  # (n,)
             base = factor = float(np.clip(np.median(ratios), self.min_factor, self.max_factor))
         scores = np.sort(ratios / base)
         rank = math.ceil((scores.size + 1) * COVERAGE)
         mult: float | None = float(scores[rank - 1]) if rank <= scores.size else None
         if mult is not None:
             mult = float(min(max(mult, 1.0), self.max_multiplier))
-        return CorrectionState(self.profile_id, factor, mult, n, self.window, True, coverage,
-                               speed=speed, max_score=float(scores[-1]))
+        return CorrectionState(self.profile_id, factor, mult, len(pairs), self.window, True, coverage,
+                               speed=speed, max_score=float(scores[-1]), group=used_group)
+
+    def groups(self, speed_now: float | None = None, use_speed: bool = True) -> dict[str, dict[str, Any]]:
+        """Per group (:data:`GROUPS`): ``answers`` it holds, and the ``factor``,
+        ``p95_multiplier`` and ``own`` (set by its own answers, else by the pooled window) a
+        plan in that group gets now (:meth:`state`)."""
+        with self._lock:
+            held = {g: len(self._by_group.get(g, ())) for g in GROUPS}
+        out: dict[str, dict[str, Any]] = {}
+        for g in GROUPS:
+            st = self.state(speed_now, use_speed, g)
+            out[g] = {"answers": held[g], "factor": st.factor, "p95_multiplier": st.p95_multiplier,
+                      "own": st.group == g}
+        return out
 
     def apply(self, p50: ArrayLike, p95: ArrayLike,
               state: CorrectionState | None = None) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -246,17 +316,17 @@ class CorrectedProfile:
     Has what the planner reads (``id``, ``source``, ``predict_ttft_many``,
     ``predict_ttft_ms``) and delegates everything else to the fitted profile.
     ``state`` is frozen at construction (under ``speed_now``, the machine speed read from
-    the latest engine steps, and ``use_speed``: :meth:`OnlineCorrection.state`), so one
-    plan sees one correction.
+    the latest engine steps, ``use_speed`` and the plan's ``group``:
+    :meth:`OnlineCorrection.state`), so one plan sees one correction.
     """
 
     def __init__(self, profile: Any, correction: OnlineCorrection, speed_now: float | None = None,
-                 use_speed: bool = True) -> None:
+                 use_speed: bool = True, group: str | None = None) -> None:
         self.profile = profile
         self.id: str = profile.id
         self.source: str = profile.source
         self.correction = correction
-        self.state = correction.state(speed_now, use_speed)
+        self.state = correction.state(speed_now, use_speed, group)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.profile, name)

@@ -75,7 +75,9 @@ class ProfileDetail(ProfilePublic):
         None, description="the online correction this server applies on top of the fitted "
         "coefficients (which it never rewrites): factor, p95_multiplier, n answers of window, active, "
         "coverage, speed (the machine speed from engine steps the factor is scaled to) "
-        "(latency_model.correction.CorrectionState); reset by a new calibration")
+        "(latency_model.correction.CorrectionState), and groups: per group of plans (alone, "
+        "batched) its answers, factor, p95_multiplier and whether its own answers set them "
+        "(OnlineCorrection.groups); reset by a new calibration")
 
 
 def _public(summary: dict[str, Any]) -> ProfilePublic:
@@ -109,5 +111,5 @@ def get_latency_profile(profile_id: str, request: Request, samples: bool = Query
     out = ProfileDetail.model_validate(profile.to_dict() if samples else profile.summary())
     pipeline = getattr(request.app.state, "pipeline", None)
     if pipeline is not None:
-        out.correction = pipeline.correction_state(profile.id).to_dict()
+        out.correction = pipeline.correction_summary(profile.id)
     return out

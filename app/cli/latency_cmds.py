@@ -197,6 +197,11 @@ def cmd_show(args: argparse.Namespace, services: Any) -> int:
                 f"{'active' if c['active'] else 'not yet active'}, p95 coverage "
                 f"{'-' if c['coverage'] is None else format(c['coverage'], '.0%')}, machine speed "
                 f"{'-' if c.get('speed') is None else format(c['speed'], '.2f')}")
+        for name, g in sorted((c or {}).get("groups", {}).items()):
+            mult = g.get("p95_multiplier")
+            line += (f"\n  plans {name}: {g['answers']} answers, factor {g['factor']:.3f}, p95 "
+                     f"multiplier {'-' if mult is None else format(mult, '.3f')} "
+                     f"({'its own answers' if g['own'] else 'pooled window'})")
         return describe(p) + "\n" + line
 
     emit(args, body, human)

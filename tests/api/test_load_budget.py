@@ -11,6 +11,7 @@ is bounded and starts afresh with a new calibration.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +22,14 @@ import pytest
 from app.profile_store import save_profile
 from foundation.db import read_session
 from latency_model.calibration import calibrate, quick_grid
-from latency_model.correction import CorrectedProfile, CorrectionRegistry, OnlineCorrection
+from latency_model.correction import (
+    ALONE,
+    BATCHED,
+    GROUP_MIN,
+    CorrectedProfile,
+    CorrectionRegistry,
+    OnlineCorrection,
+)
 from receipts.models import ReceiptRow
 from tests.api.conftest import KeyedApp, api_settings, start_keyed_app
 from tests.api.fakes import CharTokenizer, StepGenerator
@@ -219,6 +227,13 @@ def test_correction_follows_a_slower_machine_and_restarts_with_calibration(
     assert answers[-1]["predicted"]["correction_factor"] == pytest.approx(state.factor, rel=0.3)
     shown = app.client.get(f"/v1/latency/profiles/{profile_id}", params={"samples": False}).json()
     assert shown["correction"]["n"] == 8 and shown["correction"]["factor"] == state.factor
+    # Nothing else ran on the engine: every answer is learned, and shown, as a plan alone; 8
+    # answers are too few for the group's own band, so its plans use the pooled window.
+    assert [pair[4] for pair in pipeline.corrections.get(profile_id).window_pairs()] == ["alone"] * 8
+    assert shown["correction"]["groups"]["alone"] == {
+        "answers": 8, "factor": state.factor, "p95_multiplier": None, "own": False}
+    assert shown["correction"]["groups"]["batched"]["answers"] == 0
+    assert answers[-1]["predicted"]["correction_group"] is None
     # The fitted coefficients were never rewritten.
     stored = pipeline.profile()
     assert stored.id == profile_id
@@ -333,4 +348,43 @@ def test_stored_windows_restore_with_and_without_speeds() -> None:
                       [1.0], [100.0, -1.0, True, 1.0]]) == 3
     assert [pair[3] for pair in c.window_pairs()] == [None, 1.3, None]
     c.observe(100.0, 120.0, 130.0, speed=float("nan"))
-    assert c.window_pairs()[-1] == (100.0, 120.0, True, None)
+    assert c.window_pairs()[-1] == (100.0, 120.0, True, None, None)
+    # Groups round-trip; an unknown group is stored pooled only.
+    g = OnlineCorrection("p", window=4, min_samples=1)
+    assert g.restore([[100.0, 150.0, True, 1.0, "alone"], [100.0, 130.0, True, None, "batched"],
+                      [100.0, 110.0, True, None, "elsewhere"]]) == 3
+    assert [pair[4] for pair in g.window_pairs()] == ["alone", "batched", None]
+
+
+def test_each_group_of_plans_gets_its_own_conformal_band() -> None:
+    """Mondrian conformal: answers planned alone measure within 1.00-1.10x their prediction,
+    answers beside a batch 0.6-1.9x. A plan alone gets a band from the answers alone (narrow,
+    still covering them); a batched plan from the batched ones (wide, covering them); the
+    pooled window covers neither group's width correctly. Until a group holds GROUP_MIN
+    answers its plans use the pooled window."""
+    rng = random.Random(3)
+    alone = [1.0 + 0.1 * rng.random() for _ in range(40)]
+    batched = [0.6 + 1.3 * rng.random() for _ in range(40)]
+    c = OnlineCorrection("p", window=40, min_samples=5)
+    for i in range(GROUP_MIN - 1):  # one short of its own band: alone plans use the pool
+        c.observe(100.0, 100.0 * alone[i], group=ALONE)
+        c.observe(100.0, 100.0 * batched[i], group=BATCHED)
+    assert c.state(group=ALONE).group is None
+    assert c.state(group=ALONE).p95_multiplier == c.state().p95_multiplier
+    for i in range(GROUP_MIN - 1, 40):
+        c.observe(100.0, 100.0 * alone[i], group=ALONE)
+        c.observe(100.0, 100.0 * batched[i], group=BATCHED)
+    assert len(c.window_pairs()) == 80  # 40 per group
+    by_group = {}
+    for name, ratios in ((ALONE, alone), (BATCHED, batched)):
+        st = c.state(group=name)
+        assert st.group == name and st.n == 40
+        _, p95 = c.apply([100.0], [100.0], st)
+        by_group[name] = p95[0]
+        assert sum(100.0 * r <= p95[0] for r in ratios) / 40 >= 0.95
+    assert by_group[ALONE] < 115.0 < 170.0 < by_group[BATCHED]
+    groups = c.groups()
+    assert groups[ALONE]["own"] and groups[ALONE]["answers"] == 40
+    assert groups[ALONE]["p95_multiplier"] < groups[BATCHED]["p95_multiplier"]
+    pooled_p95 = c.apply([100.0], [100.0], c.state())[1][0]
+    assert by_group[ALONE] < pooled_p95 < by_group[BATCHED]

@@ -105,6 +105,7 @@ def test_api_returns_one_complete_profile(client: tuple[TestClient, str], fitted
     # The server's online correction rides beside the fitted profile: neutral before any answer.
     correction = shown.pop("correction")
     assert r.status_code == 200 and correction["n"] == 0 and correction["factor"] == 1.0
+    assert {g: v["answers"] for g, v in correction["groups"].items()} == {"alone": 0, "batched": 0}
     assert Profile.from_dict(shown) == fitted_profile
     r = c.get(f"/v1/latency/profiles/{fitted_profile.id}?samples=false",
               headers={"Authorization": f"Bearer {key}"})
