@@ -13,8 +13,14 @@ table still yields no key (that would take a SHA-256 preimage).
 
 Same cost for every rejection: an unknown id is compared against a dummy digest,
 a revoked key is compared before it is refused, so the response time does not
-tell which ids exist. Revocation is read from the database on every request
-(it takes effect on the next one).
+tell which ids exist. Revocation takes effect on the next request. On PostgreSQL the
+key row is read on every request (one indexed read). On a SQLite file the key table is
+held in memory and read again whenever any connection, in this process or another
+(``ragbudget keys revoke``), has committed since the last look: one ``PRAGMA
+data_version`` per request (https://sqlite.org/pragma.html#pragma_data_version), which
+changes exactly when another connection commits, so a check is a pragma and a dict
+lookup. The whole read, SQLAlchemy's connection checkout and statement execution, was
+most of a key check (0.69 ms of it on a 2-core AVX2 EPYC, docs/benchmarks.md).
 
 Keys created before this scheme are stored as salted scrypt hashes (RFC 7914,
 n=2**14, r=8, p=1, no prefix). They keep working: the first successful use
@@ -30,7 +36,11 @@ import hashlib
 import hmac
 import re
 import secrets
+import sqlite3
+import threading
+import weakref
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, select, update
 
@@ -129,8 +139,94 @@ def revoke_key(engine: Engine, key_id: str) -> None:
             row.revoked_at = utc_now_iso()
 
 
+class KeyRow(NamedTuple):
+    """What a key check reads of one ``api_keys`` row."""
+
+    key_hash: str
+    salt: str
+    name: str
+    role: str
+    revoked_at: str | None
+
+
+class SqliteKeyTable:
+    """Every ``api_keys`` row of one SQLite database file, in memory (thread-safe).
+
+    :meth:`get` first asks its own read-only-in-practice connection for ``PRAGMA
+    data_version``; when it changed since the table was read (any other connection, of any
+    process, committed: a key created, revoked or re-hashed, or any other write), the table
+    is read again before the lookup. The version is read before the rows, so a commit
+    between the two only causes one more read next time, never a stale answer.
+
+    Raises:
+        sqlite3.Error: the file cannot be opened (callers fall back to a read per request).
+    """
+
+    def __init__(self, path: str) -> None:
+        self._conn = sqlite3.connect(path, check_same_thread=False, timeout=60.0)
+        self._lock = threading.Lock()
+        self._version: int | None = None
+        self._rows: dict[str, KeyRow] = {}
+        self.reads = 0  # times the table was read (for tests and diagnostics)
+
+    def get(self, key_id: str) -> KeyRow | None:
+        """The row of ``key_id`` as committed now, or ``None`` when there is none."""
+        with self._lock:
+            version = int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+            if version != self._version:
+                rows = self._conn.execute(
+                    "SELECT id, key_hash, salt, name, role, revoked_at FROM api_keys").fetchall()
+                self._rows = {r[0]: KeyRow(*r[1:]) for r in rows}
+                self._version = version
+                self.reads += 1
+            return self._rows.get(key_id)
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._conn.close()
+
+
+_TABLES: weakref.WeakKeyDictionary[Engine, SqliteKeyTable | None] = weakref.WeakKeyDictionary()
+_TABLES_LOCK = threading.Lock()
+
+
+def key_table(engine: Engine) -> SqliteKeyTable | None:
+    """The in-memory key table of ``engine``'s database when it is a SQLite file (made on first
+    use, one per engine), else ``None`` (PostgreSQL, in-memory SQLite, or a file that cannot
+    be opened: the key row is then read per request)."""
+    with _TABLES_LOCK:
+        if engine in _TABLES:
+            return _TABLES[engine]
+        table: SqliteKeyTable | None = None
+        database = engine.url.database
+        if engine.dialect.name == "sqlite" and database and database != ":memory:" \
+                and not database.startswith("file:"):
+            try:
+                table = SqliteKeyTable(database)
+            except sqlite3.Error:
+                table = None
+        _TABLES[engine] = table
+        return table
+
+
+def _key_row(engine: Engine, key_id: str) -> Any:
+    """The key row of ``key_id`` as committed now (a :class:`KeyRow`-shaped row) or ``None``."""
+    table = key_table(engine)
+    if table is not None:
+        try:
+            return table.get(key_id)
+        except sqlite3.Error:
+            pass  # e.g. the table is locked for longer than the timeout: read it the usual way
+    with engine.connect() as conn:
+        return conn.execute(select(ApiKey.key_hash, ApiKey.salt, ApiKey.name, ApiKey.role,
+                                   ApiKey.revoked_at).where(ApiKey.id == key_id)).first()
+
+
 def authenticate(engine: Engine, presented: str | None) -> Principal:
-    """Resolve a presented key to its principal (one indexed read, one SHA-256, one compare).
+    """Resolve a presented key to its principal (one key row as committed now, one HMAC-SHA256,
+    one constant-time compare; the row from :class:`SqliteKeyTable` on a SQLite file, else one
+    indexed read).
 
     Raises:
         Unauthenticated: missing, malformed, unknown or revoked key (one message for the
@@ -143,9 +239,7 @@ def authenticate(engine: Engine, presented: str | None) -> Principal:
             or not 0 < len(parts[2]) <= MAX_SECRET_CHARS):
         raise Unauthenticated("malformed API key")
     _, key_id, secret = parts
-    with engine.connect() as conn:
-        row = conn.execute(select(ApiKey.key_hash, ApiKey.salt, ApiKey.name, ApiKey.role,
-                                  ApiKey.revoked_at).where(ApiKey.id == key_id)).first()
+    row = _key_row(engine, key_id)
     if row is not None and not row.key_hash.startswith(FAST_PREFIX):
         ok = _verify_legacy(engine, key_id, secret, row.salt, row.key_hash)
     else:

@@ -267,10 +267,20 @@ def arm_figures(arm: str, answered: list[dict[str, Any]]) -> str:
 
     alone = [r for r in answered if r["load"] == "closed-1"]
     others = [r for r in answered if r["load"] != "closed-1"]
-    return (f"{arm}: cells all within budget {full} of {len(cells)}; mean budget used "
+    line = (f"{arm}: cells all within budget {full} of {len(cells)}; mean budget used "
             f"{100 * statistics.mean(used):.1f} %, cells >= 70 % {wide} of {len(cells)}; misses "
             f"{dict(causes) or 'none'}; measured TTFT / planned p95 median {ratio(alone)} alone, "
-            f"{ratio(others)} beside others")
+            f"{ratio(others)} beside others; k bound by {dict(Counter(r['binding'] for r in answered))}")
+    # The conformal multiplier in force, by the group of answers that set it (rows from runs
+    # that recorded it; "pooled": the window of every answer, before a group had its own band).
+    mults: dict[str, list[float]] = {}
+    for r in answered:
+        if r.get("p95_multiplier") is not None:
+            mults.setdefault(r.get("correction_group") or "pooled", []).append(r["p95_multiplier"])
+    if mults:
+        line += "; p95 multiplier median " + ", ".join(
+            f"{g} {statistics.median(v):.2f} (n={len(v)})" for g, v in sorted(mults.items()))
+    return line
 
 
 def _build(auth: bool = False) -> tuple[Any, Any, list[str]]:

@@ -1,11 +1,13 @@
 import hashlib
 import hmac
 import secrets
+import subprocess
+import sys
 
 import pytest
 from sqlalchemy import select
 
-from app.auth import authenticate, create_key, list_keys, require, revoke_key
+from app.auth import authenticate, create_key, key_table, list_keys, require, revoke_key
 from app.models import ApiKey
 from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
@@ -140,3 +142,33 @@ def test_key_with_a_bad_id_or_an_overlong_secret_is_malformed(engine, presented)
     with pytest.raises(Unauthenticated) as exc:
         authenticate(engine, presented)
     assert exc.value.message == "malformed API key"
+
+
+def test_sqlite_key_checks_read_the_key_table_again_only_after_a_commit(engine, monkeypatch):
+    """On a SQLite file a key check is a pragma and a dict lookup: the table is read once, and
+    again only after some connection committed; a revocation made by another process is
+    refused on the very next request. On PostgreSQL the row is read per request."""
+    table = key_table(engine)
+    if engine.dialect.name != "sqlite":
+        assert table is None
+        return
+    assert table is not None
+    principal, key = create_key(engine, "copilot")
+    assert authenticate(engine, key) == principal
+    reads = table.reads
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a key check read the database through the pool")
+
+    monkeypatch.setattr(engine, "connect", no_pool)
+    for _ in range(5):
+        assert authenticate(engine, key) == principal
+    assert table.reads == reads  # nothing was committed: the table was not read again
+    # Another process revokes the key: refused at once, after one read of the table.
+    subprocess.run([sys.executable, "-c", (
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+        "c.execute('UPDATE api_keys SET revoked_at = ? WHERE id = ?', ('2026-01-01', sys.argv[2])); "
+        "c.commit()"), engine.url.database, principal.id], check=True)
+    with pytest.raises(Unauthenticated):
+        authenticate(engine, key)
+    assert table.reads == reads + 1
