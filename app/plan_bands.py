@@ -214,10 +214,11 @@ class PlanBands:
         speed = self.live_speed(p.profile, span[0], span[1]) if span[0] is not None else None
         correction.observe(fitted_p50, prefill_ms, p95_now, speed, group_of(fitted))
         use = bool(self._pipeline.live_speed)
-        state = correction.state(self.live_speed(p.profile) if use else None, use)
+        speed_now = self.live_speed(p.profile) if use else None
+        state = correction.state(speed_now, use)
         self._pipeline.metrics.correction(state.factor, state.p95_multiplier, state.coverage, state.speed)
-        try:
+        try:  # the groups at the same machine speed as the state, so the stored figures agree
             save_correction_state(self._pipeline.services.data_dir, state, correction.window_pairs(),
-                                  groups=correction.groups(None, use))
+                                  groups=correction.groups(speed_now, use))
         except OSError:
             log.warning("could not store the online correction of %s", p.profile.id, exc_info=True)

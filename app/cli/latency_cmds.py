@@ -199,7 +199,8 @@ def cmd_show(args: argparse.Namespace, services: Any) -> int:
                 f"{'-' if c.get('speed') is None else format(c['speed'], '.2f')}")
         for name, g in sorted((c or {}).get("groups", {}).items()):
             mult = g.get("p95_multiplier")
-            line += (f"\n  plans {name}: {g['answers']} answers, factor {g['factor']:.3f}, p95 "
+            line += (f"\n  plans {name}: {g['answers']} answer{'' if g['answers'] == 1 else 's'}, "
+                     f"factor {g['factor']:.3f}, p95 "
                      f"multiplier {'-' if mult is None else format(mult, '.3f')} "
                      f"({'its own answers' if g['own'] else 'pooled window'})")
         return describe(p) + "\n" + line
