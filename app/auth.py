@@ -181,11 +181,6 @@ class SqliteKeyTable:
                 self.reads += 1
             return self._rows.get(key_id)
 
-    def close(self) -> None:
-        """Close the connection."""
-        with self._lock:
-            self._conn.close()
-
 
 _TABLES: weakref.WeakKeyDictionary[Engine, SqliteKeyTable | None] = weakref.WeakKeyDictionary()
 _TABLES_LOCK = threading.Lock()

@@ -173,9 +173,9 @@ class AnswerPipeline:
         """The online correction of ``profile_id`` as it stands: :meth:`PlanBands.correction_state`."""
         return self.bands.correction_state(profile_id)
 
-    def correction_summary(self, profile_id: str) -> dict[str, Any]:
-        """The online correction of ``profile_id`` with its groups: :meth:`PlanBands.correction_summary`."""
-        return self.bands.correction_summary(profile_id)
+    def correction_summary(self, profile: Profile) -> dict[str, Any]:
+        """The online correction of ``profile`` now, with its groups: :meth:`PlanBands.correction_summary`."""
+        return self.bands.correction_summary(profile)
 
     def _learn(self, p: Prepared, stats: GenerationStats | None, prefill_ms: float | None,
                span: tuple[float | None, float | None] = (None, None)) -> None:

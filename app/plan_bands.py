@@ -178,12 +178,16 @@ class PlanBands:
         machine speed of the newest answer it learned from (when the ``live_speed`` switch is on)."""
         return self.corrections.get(profile_id).state(None, bool(self._pipeline.live_speed))
 
-    def correction_summary(self, profile_id: str) -> dict[str, Any]:
-        """:meth:`correction_state` as a dict, with ``groups``: what a plan alone and a plan
-        beside a batch get now (:meth:`latency_model.correction.OnlineCorrection.groups`)."""
-        correction = self.corrections.get(profile_id)
+    def correction_summary(self, profile: Profile) -> dict[str, Any]:
+        """The online correction of ``profile`` as a plan would get it now (at the machine speed
+        of the latest engine steps when the ``live_speed`` switch is on: :meth:`live_speed`), as a
+        dict, with ``groups``: what a plan alone and a plan beside a batch get
+        (:meth:`latency_model.correction.OnlineCorrection.groups`), at that same speed."""
+        correction = self.corrections.get(profile.id)
         use = bool(self._pipeline.live_speed)
-        return {**correction.state(None, use).to_dict(), "groups": correction.groups(None, use)}
+        speed_now = self.live_speed(profile) if use else None
+        return {**correction.state(speed_now, use).to_dict(),
+                "groups": correction.groups(speed_now, use)}
 
     def learn(self, p: Prepared, stats: GenerationStats | None, prefill_ms: float | None,
               span: tuple[float | None, float | None] = (None, None)) -> None:

@@ -241,16 +241,16 @@ class OnlineCorrection:
         :data:`GROUP_MIN` of them, else (and with ``None``) the pooled window does: the newest
         ``window`` answers of every group.
         """
+        group = _good_group(group)
         with self._lock:
             everything = self._all()
-            own = [pair for _, pair in self._by_group.get(_good_group(group), ())] \
-                if _good_group(group) is not None else []
+            own = [pair for _, pair in self._by_group.get(group, ())] if group is not None else []
         pooled = everything[-self.window:]
         n = len(pooled)
         coverage = sum(1 for pair in pooled if pair[2]) / n if n else None
         if n < self.min_samples:
             return CorrectionState(self.profile_id, 1.0, None, n, self.window, False, coverage)
-        used_group = _good_group(group) if len(own) >= GROUP_MIN else None
+        used_group = group if len(own) >= GROUP_MIN else None
         pairs = own if used_group is not None else pooled
         timed = [(p, m, s) for p, m, _, s, _ in pairs if s is not None] if use_speed else []
         speed = _good_speed(speed_now)
