@@ -27,6 +27,7 @@ from app.answer_types import (
     PredictedTTFT,
     TokenCounts,
 )
+from app.plan_bands import batch_of
 from foundation.hashing import sha256_ints, sha256_text
 from foundation.provenance import software_versions
 from generation.base import GenParams
@@ -105,7 +106,8 @@ class AnswerReceipts:
                 correction_factor=corr.factor if corr is not None else None,
                 p95_multiplier=corr.p95_multiplier if corr is not None else None,
                 machine_speed=corr.speed if corr is not None else None,
-                correction_group=corr.group if corr is not None else None),
+                correction_group=corr.group if corr is not None else None,
+                batch=batch_of(p.planner_profile)),
             timings=AnswerTimings(
                 queue_ms=state.queue_ms, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
                 retrieval_ms=p.timings_ms.get("retrieval_ms"),

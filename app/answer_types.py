@@ -83,6 +83,10 @@ class PredictedTTFT(BaseModel):
     correction_group: str | None = Field(None, description="the answers that set the factor and "
                                          "multiplier: 'alone' or 'batched' (the plan's own group), "
                                          "None: the pooled window, or correction off")
+    batch: dict[str, list[list[int | None]]] | None = Field(
+        None, description="the engine batch the plan was made beside: 'decoding' [context tokens, "
+        "decode steps left] per running answer, 'prefilling' [prompt tokens left, next position, "
+        "max_new_tokens] per answer prefilling ahead (None: planned alone)")
 
 
 class AnswerTimings(BaseModel):

@@ -61,6 +61,22 @@ def group_of(band: Any) -> str:
     return BATCHED if isinstance(band, BatchedBand) else ALONE
 
 
+def batch_of(band: Any) -> dict[str, list[list[int | None]]] | None:
+    """The running batch a plan made with ``band`` (corrected or not) was made beside, or
+    ``None`` when it was planned alone: ``{"decoding": [[context, decode steps left], ...],
+    "prefilling": [[prompt tokens left, next position, max new tokens], ...]}`` (see
+    :func:`latency_model.step_model.predict_batched_ttft_ms`). Shown in the answer's
+    ``predicted.batch``, so a plan's batch model can be checked against what it measured."""
+    from latency_model.step_model import BatchedBand
+
+    if isinstance(band, CorrectedProfile):
+        band = band.profile
+    if not isinstance(band, BatchedBand):
+        return None
+    return {"decoding": [[c, left] for c, left in band.decode_contexts],
+            "prefilling": [[t, pos, m] for t, pos, m in band.prefills_ahead]}
+
+
 class PlanBands:
     """The batch-aware planning band and the online correction of one pipeline.
 
@@ -73,11 +89,12 @@ class PlanBands:
         self.corrections = CorrectionRegistry(loader=self.stored_window,
                                               window=pipeline.settings.correction_window)
         # Answers granted the model whose prefill the engine does not show yet (between the
-        # plan and the engine's queue): ``(prompt tokens to prefill, first position)`` by key.
+        # plan and the engine's queue): ``(prompt tokens to prefill, first position, max new
+        # tokens)`` by key.
         # Binding and registering happen under ``admit_lock``, so two answers granted at
         # once never both plan against a batch that holds neither.
         self.admit_lock = threading.Lock()
-        self._unsubmitted: dict[int, tuple[int, int]] = {}
+        self._unsubmitted: dict[int, tuple[int, int, int]] = {}
         self._unsubmitted_lock = threading.Lock()
         self._unsubmitted_keys = itertools.count()
 
@@ -150,14 +167,14 @@ class PlanBands:
     def expect_prefill(self, p: Prepared) -> int:
         """Count ``p``'s prefill as ahead of later answers until the engine shows it; its key.
 
-        ``(prompt tokens to prefill, first position)``: the whole prompt but a cached
-        scaffold. Removed by :meth:`submitted` (the generator's ``ON_SUBMIT`` call, or the
+        ``(prompt tokens to prefill, first position, max new tokens)``: the whole prompt but a
+        cached scaffold. Removed by :meth:`submitted` (the generator's ``ON_SUBMIT`` call, or the
         answer's end, whichever comes first).
         """
         cached = int(p.prompt.scaffold_len) if p.scaffold_cached else 0
         key = next(self._unsubmitted_keys)
         with self._unsubmitted_lock:
-            self._unsubmitted[key] = (max(len(p.prompt.ids) - cached, 0), cached)
+            self._unsubmitted[key] = (max(len(p.prompt.ids) - cached, 0), cached, int(p.max_new_tokens))
         return key
 
     def submitted(self, key: int | None) -> None:

@@ -130,7 +130,8 @@ def _one(client: Any, url: str, question: str, budget: float, tokens: int,
                    predicted_p50_ms=p["ttft_p50_ms"], p95_multiplier=p.get("p95_multiplier"),
                    correction_group=p.get("correction_group"), prompt_tokens=a["tokens"]["prompt"],
                    correction_factor=p["correction_factor"], machine_speed=p.get("machine_speed"),
-                   tokens_out=a["tokens"]["output"])
+                   tokens_out=a["tokens"]["output"], cached_tokens=a["tokens"]["cached"],
+                   prefill_p50_ms=p.get("prefill_p50_ms"), batch=p.get("batch"))
     else:
         err = r.json().get("error", {})
         details = err.get("details") or {}

@@ -312,15 +312,17 @@ class Engine:
         with self._cond:
             return len(self._running)
 
-    def batch_snapshot(self) -> tuple[list[int], list[tuple[int, int]]]:
-        """What a new answer would share steps with, now: the context length (tokens in its KV)
-        of each running answer that is decoding, and ``(prompt tokens left, next position)``
-        of each answer admitted or waiting that is still prefilling, in admission order (a
-        waiting answer's cached scaffold is not known yet: it counts from position 0)."""
+    def batch_snapshot(self) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+        """What a new answer would share steps with, now: ``(context length, decode steps
+        left)`` of each running answer that is decoding (tokens in its KV; steps until it
+        reaches ``max_new``, fewer if it stops at an end-of-text token), and ``(prompt tokens
+        left, next position, max_new)`` of each answer admitted or waiting that is still
+        prefilling, in admission order (a waiting answer's cached scaffold is not known yet: it
+        counts from position 0). Read by ``latency_model.step_model.BatchedBand``."""
         with self._cond:
             seqs = [s for s in [*self._running, *self._waiting] if not s.done]
-            return ([s.pos for s in seqs if not s.in_prefill()],
-                    [(len(s.prompt) - s.pos, s.pos) for s in seqs if s.in_prefill()])
+            return ([(s.pos, max(s.max_new - s.produced, 0)) for s in seqs if not s.in_prefill()],
+                    [(len(s.prompt) - s.pos, s.pos, s.max_new) for s in seqs if s.in_prefill()])
 
     def recent_steps(self) -> list[StepRecord]:
         """The last :data:`STEP_LOG` timed steps, oldest first: what the machine is doing now

@@ -264,35 +264,63 @@ def prefill_schedule(prompt_tokens: int, cached_tokens: int, prefix_tokens: int,
     return out
 
 
+def _decoder(entry: Any) -> tuple[int, int | None]:
+    """``(context, decode steps left or None: unbounded)`` of one running decoder."""
+    if isinstance(entry, (int, np.integer)):
+        return int(entry), None
+    ctx, left = entry
+    return int(ctx), None if left is None else int(left)
+
+
+def _ahead(entry: Any) -> tuple[int, int, int | None]:
+    """``(prompt tokens left, next position, max new tokens or None)`` of one prefill ahead."""
+    if len(entry) == 2:
+        return int(entry[0]), int(entry[1]), None
+    left, pos, max_new = entry
+    return int(left), int(pos), None if max_new is None else int(max_new)
+
+
 def predict_batched_ttft_ms(fit: StepFit, *, prompt_tokens: int, cached_tokens: int, prefix_tokens: int,
-                            chunk_tokens: int, decode_contexts: Sequence[int],
-                            prefills_ahead: Sequence[tuple[int, int]] = ()) -> tuple[float, float]:
+                            chunk_tokens: int, decode_contexts: Sequence[Any],
+                            prefills_ahead: Sequence[Any] = ()) -> tuple[float, float]:
     """Predicted prefill time (model granted to first token) of a new answer joining a running
     batch, ``(p50 ms, p95 ms)``.
 
     The engine (``generation.scheduler.Engine._plan``) puts every decoding answer's next token
     in each step, then prefill chunks in admission order; with the default step token budget a
     step carries one chunk. So the answers still prefilling ahead of this one
-    (``prefills_ahead``: ``(tokens left, next position)`` each) take their chunks first, then
-    this answer's chunks (:func:`prefill_schedule`) follow, one per step, each step also
-    carrying one decode token per context in ``decode_contexts`` (contexts grow by one a
-    step; answers ahead join the decoders once their prefill ends). Step p50s and p95s add up
-    (the p95 of a sum of positively correlated steps is at most the sum of their p95s).
+    (``prefills_ahead``: ``(tokens left, next position)`` or ``(tokens left, next position,
+    max new tokens)`` each) take their chunks first, then this answer's chunks
+    (:func:`prefill_schedule`) follow, one per step, each step also carrying one decode token
+    per running decoder (``decode_contexts``: a context length, or ``(context length, decode
+    steps left)``); contexts grow by one a step. A decoder with steps left leaves the batch
+    when they run out (it reaches ``max_new_tokens``; an answer that stops at an end-of-text
+    token leaves earlier, so this is an upper bound on what it costs), and an answer ahead
+    joins the decoders once its prefill ends (its first token comes from the prefill, so
+    ``max new tokens - 1`` decode steps follow). Step p50s and p95s add up (the p95 of a sum of
+    positively correlated steps is at most the sum of their p95s).
 
     Raises:
         InvalidInput: bad token counts.
     """
-    ctx = [int(x) for x in decode_contexts]
+    running = [_decoder(x) for x in decode_contexts]  # (context, steps left or None)
+
+    def advance() -> None:
+        nonlocal running
+        running = [(c + 1, None if left is None else left - 1) for c, left in running
+                   if left is None or left > 1]
+
     shapes: list[StepShape] = []
-    for left, pos in prefills_ahead:
-        for n, start in prefill_schedule(pos + left, pos, pos, chunk_tokens):
-            shapes.append(StepShape.mixed(n, start, ctx, start + n == pos + left))
-            ctx = [x + 1 for x in ctx]
-        ctx.append(pos + left)
+    for left_tokens, pos, max_new in (_ahead(x) for x in prefills_ahead):
+        for n, start in prefill_schedule(pos + left_tokens, pos, pos, chunk_tokens):
+            shapes.append(StepShape.mixed(n, start, [c for c, _ in running], start + n == pos + left_tokens))
+            advance()
+        if max_new is None or max_new > 1:
+            running.append((pos + left_tokens, None if max_new is None else max_new - 1))
     for n, start in prefill_schedule(prompt_tokens, cached_tokens, prefix_tokens, chunk_tokens):
         ends = start + n in (prompt_tokens, prefix_tokens)
-        shapes.append(StepShape.mixed(n, start, ctx, ends))
-        ctx = [x + 1 for x in ctx]
+        shapes.append(StepShape.mixed(n, start, [c for c, _ in running], ends))
+        advance()
     if not shapes:
         return 0.0, 0.0
     p50, p95 = fit.predict_ms(shapes)
@@ -313,15 +341,17 @@ class BatchedBand:
         base: the profile (or corrected profile) the planner would use alone.
         fit: the profile's mixed-step model.
         chunk_tokens: the engine's prefill chunk size.
-        decode_contexts: context length of each running answer that is decoding.
-        prefills_ahead: ``(tokens left, next position)`` of each admitted answer still prefilling.
+        decode_contexts: each running answer that is decoding: its context length, or
+            ``(context length, decode steps left)`` (:func:`predict_batched_ttft_ms`).
+        prefills_ahead: each admitted answer still prefilling: ``(tokens left, next
+            position)`` or ``(tokens left, next position, max new tokens)``.
     """
 
-    def __init__(self, base: Any, fit: StepFit, chunk_tokens: int, decode_contexts: Sequence[int],
-                 prefills_ahead: Sequence[tuple[int, int]] = ()) -> None:
+    def __init__(self, base: Any, fit: StepFit, chunk_tokens: int,
+                 decode_contexts: Sequence[Any], prefills_ahead: Sequence[Any] = ()) -> None:
         self.base, self.fit, self.chunk_tokens = base, fit, int(chunk_tokens)
-        self.decode_contexts = [int(x) for x in decode_contexts]
-        self.prefills_ahead = [(int(a), int(b)) for a, b in prefills_ahead]
+        self.decode_contexts = [_decoder(x) for x in decode_contexts]
+        self.prefills_ahead = [_ahead(x) for x in prefills_ahead]
         self.id: str = base.id
         self.source: str = base.source
 

@@ -18,11 +18,11 @@ from tests.latency_model.test_step_model import FakeStepTimer
 
 
 class FakeEngine:
-    def __init__(self, decoding: list[int], prefilling: list[tuple[int, int]]) -> None:
+    def __init__(self, decoding: list[Any], prefilling: list[Any]) -> None:
         self.state = (decoding, prefilling)
         self.steps: list[StepRecord] = []
 
-    def batch_snapshot(self) -> tuple[list[int], list[tuple[int, int]]]:
+    def batch_snapshot(self) -> tuple[list[Any], list[Any]]:
         return self.state
 
     def recent_steps(self) -> list[StepRecord]:
@@ -126,10 +126,10 @@ def test_an_answer_granted_but_not_yet_in_the_engine_counts_as_a_prefill_ahead(s
     engine's queue shows it; once the engine has it (or it ends), it is no longer counted."""
     pipe = pipeline(FakeEngine([], []), online_correction=False)
     first = SimpleNamespace(prompt=SimpleNamespace(ids=list(range(600)), scaffold_len=83),
-                            scaffold_cached=True)
+                            scaffold_cached=True, max_new_tokens=32)
     key = pipe._expect_prefill(first)  # type: ignore[arg-type]
     band = pipe._batched(step_profile, step_profile)
-    assert isinstance(band, BatchedBand) and band.prefills_ahead == [(517, 83)]
+    assert isinstance(band, BatchedBand) and band.prefills_ahead == [(517, 83, 32)]
     pipe._submitted(key)
     assert pipe._batched(step_profile, step_profile) is step_profile
 
@@ -195,3 +195,20 @@ def test_an_idle_engine_reads_no_speed(step_profile: Profile) -> None:
     assert pipe.bands.live_speed(step_profile) is None
     engine.run(step_profile.step_fit, 1.3)
     assert pipe.bands.live_speed(step_profile) == pytest.approx(1.3)
+
+
+def test_the_answer_shows_the_batch_its_plan_was_made_beside(step_profile: Profile) -> None:
+    """``predicted.batch``: each running decoder's context and decode steps left, each prefill
+    ahead's tokens left, position and max_new_tokens; None for a plan made alone."""
+    from app.plan_bands import batch_of
+
+    busy = pipeline(FakeEngine([(400, 5), (900, 30)], [(300, 83, 64)]))
+    band, _ = busy.planner_profile(step_profile)
+    assert batch_of(band) == {"decoding": [[400, 5], [900, 30]], "prefilling": [[300, 83, 64]]}
+    idle, _ = pipeline(FakeEngine([], [])).planner_profile(step_profile)
+    assert batch_of(idle) is None and batch_of(step_profile) is None
+    leaving = pipeline(FakeEngine([(400, 1), (900, 1)], []), online_correction=False)
+    staying = pipeline(FakeEngine([(400, 64), (900, 64)], []), online_correction=False)
+    short = leaving.planner_profile(step_profile)[0].predict_ttft_ms(1400, 83, 83)
+    long = staying.planner_profile(step_profile)[0].predict_ttft_ms(1400, 83, 83)
+    assert short[0] < long[0]  # decoders about to finish cost one step, not the whole prefill

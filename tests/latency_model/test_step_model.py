@@ -98,6 +98,31 @@ def test_running_answers_make_a_new_prefill_slower() -> None:
     assert alone[0] < four[0] < ahead[0] and four[0] <= four[1]
 
 
+def test_decoders_that_finish_during_the_prefill_stop_costing() -> None:
+    """A decoder with few steps left leaves the batch when they run out (it reaches
+    max_new_tokens): the prediction is the one with it for those steps and without it after;
+    an answer ahead decodes ``max_new - 1`` steps after its prefill (its first token comes from
+    the prefill), and one with max_new 1 never joins the decoders."""
+    shapes = random_shapes(60, 3)
+    fit = fit_steps(shapes, [true_step_ms(s) for s in shapes], list(range(60)))
+    kw = dict(prompt_tokens=1400, cached_tokens=83, prefix_tokens=83, chunk_tokens=256)  # 6 chunks
+    alone = predict_batched_ttft_ms(fit, decode_contexts=[], **kw)  # type: ignore[arg-type]
+    forever = predict_batched_ttft_ms(fit, decode_contexts=[500] * 4, **kw)  # type: ignore[arg-type]
+    leaving = predict_batched_ttft_ms(fit, decode_contexts=[(500, 2)] * 4, **kw)  # type: ignore[arg-type]
+    staying = predict_batched_ttft_ms(fit, decode_contexts=[(500, 6)] * 4, **kw)  # type: ignore[arg-type]
+    assert alone[0] < leaving[0] < forever[0] and staying == forever
+    # By hand: two steps with the four decoders, then four alone.
+    sched = prefill_schedule(1400, 83, 83, 256)
+    by_hand = sum(float(fit.predict_ms([StepShape.mixed(n, start, [500 + i] * 4 if i < 2 else [],
+                                                        start + n == 1400)])[0][0])
+                  for i, (n, start) in enumerate(sched))
+    assert leaving[0] == pytest.approx(by_hand)
+    one = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=[(300, 0, 1)], **kw)  # type: ignore[arg-type]
+    many = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=[(300, 0, 64)], **kw)  # type: ignore[arg-type]
+    two_tuple = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=[(300, 0)], **kw)  # type: ignore[arg-type]
+    assert one[0] < many[0] and many == two_tuple
+
+
 def test_batched_band_adds_only_what_the_batch_costs(fitted_profile: Profile) -> None:
     shapes = random_shapes(60, 4)
     fit = fit_steps(shapes, [true_step_ms(s) for s in shapes], list(range(60)))

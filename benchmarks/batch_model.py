@@ -1,0 +1,105 @@
+"""How well the batch model predicts the prefill of answers planned beside a running batch.
+
+Reads the answer rows of a load run (``benchmarks/load.py``: the grid's ``answer`` rows and
+the rows inside ``batching`` cells) whose plan was made beside a batch (``batch`` is set:
+the answer's ``predicted.batch``, the engine's running answers and prefills ahead when k was
+chosen), and compares, on the same answers, the measured prefill (model granted to the
+first token) against the uncorrected batch-aware p50 of two batch models:
+
+* ``exits``: a decoder leaves the batch when its decode steps left run out, an answer ahead
+  decodes ``max_new_tokens - 1`` steps after its prefill
+  (:func:`latency_model.step_model.predict_batched_ttft_ms` with the steps left);
+* ``no exits``: every decoder stays for the whole prefill (the same call with the steps left
+  dropped: what planning did before the engine reported them).
+
+The fitted profile's prediction alone is the same for both, so the base is read back from
+the row: ``prefill_p50_ms / correction_factor`` (the plan's corrected p50 at the chosen k)
+minus the batch term the run planned with. Both ratios ``measured / predicted`` are divided
+by the machine speed of the plan where the row has one, so a machine slower than at
+calibration does not count as model error. Prints, per model: answers, median ratio,
+10th / 90th percentile, and MAPE; ratios are paired on the same answers, one run.
+
+    python -m benchmarks.batch_model docs/load-batching-5.jsonl --profile PROFILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from latency_model.profile import Profile
+from latency_model.step_model import predict_batched_ttft_ms
+
+
+def rows_of(path: Path) -> list[dict[str, Any]]:
+    """Answered rows with a batch, from a load JSONL (grid answers and batching cells' rows)."""
+    out: list[dict[str, Any]] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        found = rec.get("rows", [rec]) if rec.get("kind") in ("batching", "answer") else []
+        out += [r for r in found if r.get("status") == 200 and r.get("batch") and r.get("prefill_ms")
+                and r.get("prefill_p50_ms") and r.get("prompt_tokens")]
+    return out
+
+
+def extra_ms(profile: Profile, row: dict[str, Any], exits: bool) -> float:
+    """p50 ms the row's batch adds to its prefill, under one of the two batch models."""
+    fit = profile.step_fit
+    assert fit is not None
+    chunk = int(profile.prefill_chunk_tokens or 256)
+    prompt, cached = int(row["prompt_tokens"]), int(row.get("cached_tokens") or 0)
+    decoding = [(c, left) if exits else c for c, left in row["batch"]["decoding"]]
+    ahead = [(t, pos, m) if exits else (t, pos) for t, pos, m in row["batch"]["prefilling"]]
+    kw = dict(prompt_tokens=prompt, cached_tokens=cached, prefix_tokens=cached, chunk_tokens=chunk)
+    alone = predict_batched_ttft_ms(fit, decode_contexts=(), **kw)[0]  # type: ignore[arg-type]
+    batch = predict_batched_ttft_ms(fit, decode_contexts=decoding, prefills_ahead=ahead, **kw)[0]  # type: ignore[arg-type]
+    return max(batch - alone, 0.0)
+
+
+def compare(profile: Profile, rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per model (``exits``, ``no exits``): answers, median, q10, q90 of measured / predicted
+    (speed-normalised) and MAPE, on the same rows."""
+    got: dict[str, list[float]] = {"exits": [], "no exits": []}
+    for r in rows:
+        factor = float(r.get("correction_factor") or 1.0)
+        base = float(r["prefill_p50_ms"]) / factor - extra_ms(profile, r, exits=True)
+        speed = float(r.get("machine_speed") or 1.0)
+        for name, exits in (("exits", True), ("no exits", False)):
+            got[name].append(float(r["prefill_ms"]) / ((base + extra_ms(profile, r, exits)) * speed))
+    out: dict[str, dict[str, float]] = {}
+    for name, ratios in got.items():
+        a = np.asarray(ratios, dtype=np.float64)
+        out[name] = {"answers": float(a.size), "median": float(np.median(a)),
+                     "q10": float(np.quantile(a, 0.1)), "q90": float(np.quantile(a, 0.9)),
+                     "mape": float(np.mean(np.abs(a - 1.0)) * 100.0)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="load.py JSONL files")
+    ap.add_argument("--profile", type=Path, required=True, help="the run's profile JSON")
+    args = ap.parse_args(argv)
+    profile = Profile.from_json(args.profile.read_bytes())
+    if profile.step_fit is None:
+        print("the profile has no mixed-step model", file=sys.stderr)
+        return 2
+    rows = [r for path in args.runs for r in rows_of(path)]
+    if not rows:
+        print("no answered rows planned beside a batch (rows need predicted.batch)", file=sys.stderr)
+        return 2
+    print("| batch model | answers | measured/predicted median | q10 | q90 | MAPE % |")
+    print("|---|---|---|---|---|---|")
+    for name, s in compare(profile, rows).items():
+        print(f"| {name} | {int(s['answers'])} | {s['median']:.3f} | {s['q10']:.3f} | {s['q90']:.3f} "
+              f"| {s['mape']:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
