@@ -162,7 +162,9 @@ class PlanBands:
             prefilling = [*prefilling, *self._unsubmitted.values()]
         if not decoding and not prefilling:
             return band
-        return BatchedBand(band, fit, int(chunk), decoding, prefilling)
+        budget = getattr(engine, "step_token_budget", None)
+        return BatchedBand(band, fit, int(chunk), decoding, prefilling,
+                           int(budget) if isinstance(budget, int) else None)
 
     def expect_prefill(self, p: Prepared) -> int:
         """Count ``p``'s prefill as ahead of later answers until the engine shows it; its key.

@@ -165,7 +165,8 @@ class LocalGenerator:
         self._local = threading.local()
         self._last_any: GenerationStats | None = None
         self.engine = Engine(self.model, self.device, self._lock, self._prefix_lookup,
-                             self._prefix_store, max_running, step_token_budget, fixed_rows)
+                             self._prefix_store, max_running, step_token_budget, fixed_rows,
+                             prefix_known=self.prefix_cached)
 
     @property
     def max_running(self) -> int:

@@ -254,6 +254,8 @@ class Engine:
         lock: the model lock (held for each step; calibration timers hold it too).
         prefix_lookup: ``prefix_ids -> (kv dict, last_logits) | None``.
         prefix_store: ``(prefix_ids, kv dict, last_logits) -> None``.
+        prefix_known: ``prefix_ids -> bool``, whether the prefix cache holds them now (read by
+            :meth:`batch_snapshot` for answers not admitted yet); None: not known.
         max_running: answers in the running batch at most.
         step_token_budget: tokens per step at most (decode tokens + prefill chunks), except
             that one prefill chunk always fits.
@@ -264,9 +266,11 @@ class Engine:
     def __init__(self, model: Any, device: str, lock: threading.Lock,
                  prefix_lookup: Callable[[list[int]], tuple[Any, Any] | None],
                  prefix_store: Callable[[list[int], Any, Any], None],
-                 max_running: int, step_token_budget: int, fixed_rows: int | None = None) -> None:
+                 max_running: int, step_token_budget: int, fixed_rows: int | None = None,
+                 prefix_known: Callable[[list[int]], bool] | None = None) -> None:
         self.model, self.device, self.lock = model, device, lock
         self.prefix_lookup, self.prefix_store = prefix_lookup, prefix_store
+        self.prefix_known = prefix_known
         self.max_running, self.step_token_budget = max_running, step_token_budget
         self.fixed_rows = fixed_rows
         self._cond = threading.Condition()
@@ -317,12 +321,20 @@ class Engine:
         left)`` of each running answer that is decoding (tokens in its KV; steps until it
         reaches ``max_new``, fewer if it stops at an end-of-text token), and ``(prompt tokens
         left, next position, max_new)`` of each answer admitted or waiting that is still
-        prefilling, in admission order (a waiting answer's cached scaffold is not known yet: it
-        counts from position 0). Read by ``latency_model.step_model.BatchedBand``."""
+        prefilling, in admission order. An answer not admitted yet starts after its scaffold
+        when the prefix cache holds it (``prefix_known``), else from position 0. Read by
+        ``latency_model.step_model.BatchedBand``."""
         with self._cond:
             seqs = [s for s in [*self._running, *self._waiting] if not s.done]
-            return ([(s.pos, max(s.max_new - s.produced, 0)) for s in seqs if not s.in_prefill()],
-                    [(len(s.prompt) - s.pos, s.pos, s.max_new) for s in seqs if s.in_prefill()])
+            decoding = [(s.pos, max(s.max_new - s.produced, 0)) for s in seqs if not s.in_prefill()]
+            prefilling = [(s, len(s.prompt), s.pos, s.max_new, s.kv is None) for s in seqs if s.in_prefill()]
+        out: list[tuple[int, int, int]] = []
+        for seq, n, pos, max_new, waiting in prefilling:  # the cache has its own lock: not under _cond
+            if (waiting and pos == 0 and 0 < seq.prefix_len < n and self.prefix_known is not None
+                    and self.prefix_known(seq.prompt[:seq.prefix_len])):
+                pos = seq.prefix_len
+            out.append((n - pos, pos, max_new))
+        return decoding, out
 
     def recent_steps(self) -> list[StepRecord]:
         """The last :data:`STEP_LOG` timed steps, oldest first: what the machine is doing now

@@ -35,6 +35,7 @@ decode tokens, step by step.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -280,47 +281,88 @@ def _ahead(entry: Any) -> tuple[int, int, int | None]:
     return int(left), int(pos), None if max_new is None else int(max_new)
 
 
-def predict_batched_ttft_ms(fit: StepFit, *, prompt_tokens: int, cached_tokens: int, prefix_tokens: int,
-                            chunk_tokens: int, decode_contexts: Sequence[Any],
-                            prefills_ahead: Sequence[Any] = ()) -> tuple[float, float]:
-    """Predicted prefill time (model granted to first token) of a new answer joining a running
-    batch, ``(p50 ms, p95 ms)``.
+def batched_step_shapes(*, prompt_tokens: int, cached_tokens: int, prefix_tokens: int,
+                        chunk_tokens: int, decode_contexts: Sequence[Any],
+                        prefills_ahead: Sequence[Any] = (),
+                        step_token_budget: int | None = None) -> list[StepShape]:
+    """The steps a new answer joining a running batch runs until its first token, in order
+    (:func:`predict_batched_ttft_ms` prices them).
 
-    The engine (``generation.scheduler.Engine._plan``) puts every decoding answer's next token
-    in each step, then prefill chunks in admission order; with the default step token budget a
-    step carries one chunk. So the answers still prefilling ahead of this one
-    (``prefills_ahead``: ``(tokens left, next position)`` or ``(tokens left, next position,
-    max new tokens)`` each) take their chunks first, then this answer's chunks
-    (:func:`prefill_schedule`) follow, one per step, each step also carrying one decode token
-    per running decoder (``decode_contexts``: a context length, or ``(context length, decode
-    steps left)``); contexts grow by one a step. A decoder with steps left leaves the batch
-    when they run out (it reaches ``max_new_tokens``; an answer that stops at an end-of-text
-    token leaves earlier, so this is an upper bound on what it costs), and an answer ahead
-    joins the decoders once its prefill ends (its first token comes from the prefill, so
-    ``max new tokens - 1`` decode steps follow). Step p50s and p95s add up (the p95 of a sum of
-    positively correlated steps is at most the sum of their p95s).
+    Replays the engine's packing (``generation.scheduler.Engine._plan``) step by step: every
+    running decoder's next token first, then one prefill chunk per answer still prefilling,
+    in admission order, while the step's tokens stay within ``step_token_budget`` (the first
+    chunk always fits; a chunk that does not fit waits, a later smaller one may still go);
+    ``None``: one chunk a step (an unbounded chunk never shares). The answers still
+    prefilling ahead of this one (``prefills_ahead``: ``(tokens left, next position)`` or
+    ``(tokens left, next position, max new tokens)`` each) come before it, its own chunks
+    (:func:`prefill_schedule`) last; so the short tail of a long prompt ahead and a few short
+    prompts share one step, as they do in the engine. Each running decoder
+    (``decode_contexts``: a context length, or ``(context length, decode steps left)``)
+    grows by one a step and leaves the batch when its steps left run out (it reaches
+    ``max_new_tokens``; one that stops at an end-of-text token leaves earlier, so this is an
+    upper bound on what it costs); an answer ahead joins the decoders when its prefill ends,
+    for ``max new tokens - 1`` steps (its first token comes from the prefill). The
+    steps end with the one that carries this answer's last chunk.
 
     Raises:
         InvalidInput: bad token counts.
     """
     running = [_decoder(x) for x in decode_contexts]  # (context, steps left or None)
-
-    def advance() -> None:
-        nonlocal running
-        running = [(c + 1, None if left is None else left - 1) for c, left in running
-                   if left is None or left > 1]
-
-    shapes: list[StepShape] = []
+    # Each answer prefilling: its chunks still to run, (tokens, start, needs logits), and
+    # (context, decode steps) it joins the decoders with when they are done (None: never).
+    queue: list[tuple[deque[tuple[int, int, bool]], tuple[int, int | None] | None]] = []
     for left_tokens, pos, max_new in (_ahead(x) for x in prefills_ahead):
-        for n, start in prefill_schedule(pos + left_tokens, pos, pos, chunk_tokens):
-            shapes.append(StepShape.mixed(n, start, [c for c, _ in running], start + n == pos + left_tokens))
-            advance()
-        if max_new is None or max_new > 1:
-            running.append((pos + left_tokens, None if max_new is None else max_new - 1))
-    for n, start in prefill_schedule(prompt_tokens, cached_tokens, prefix_tokens, chunk_tokens):
-        ends = start + n in (prompt_tokens, prefix_tokens)
-        shapes.append(StepShape.mixed(n, start, [c for c, _ in running], ends))
-        advance()
+        end = pos + left_tokens
+        chunks = deque((n, start, start + n == end)
+                       for n, start in prefill_schedule(end, pos, pos, chunk_tokens))
+        steps = None if max_new is None else max_new - 1  # its first token comes from the prefill
+        joins = None if steps is not None and steps < 1 else (end, steps)
+        queue.append((chunks, joins))
+    own: deque[tuple[int, int, bool]] = deque(
+        (n, start, start + n in (prompt_tokens, prefix_tokens))
+        for n, start in prefill_schedule(prompt_tokens, cached_tokens, prefix_tokens, chunk_tokens))
+    queue.append((own, None))
+    budget = step_token_budget if step_token_budget is not None else 0
+    shapes: list[StepShape] = []
+    while own:
+        segs = [(1, c) for c, _ in running]
+        logits, used, took = len(running), len(running), False
+        joined: list[tuple[int, int | None]] = []
+        for chunks, joins in queue:
+            if not chunks:
+                continue
+            n, start, needs = chunks[0]
+            if took and (step_token_budget is None or used + n > budget):
+                continue
+            chunks.popleft()
+            segs.append((n, start))
+            logits += int(needs)
+            used += n
+            took = True
+            if not chunks and joins is not None:
+                joined.append(joins)
+        shapes.append(StepShape(tuple(segs), logits))
+        running = [(c + 1, None if left is None else left - 1) for c, left in running
+                   if left is None or left > 1] + joined
+    return shapes
+
+
+def predict_batched_ttft_ms(fit: StepFit, *, prompt_tokens: int, cached_tokens: int, prefix_tokens: int,
+                            chunk_tokens: int, decode_contexts: Sequence[Any],
+                            prefills_ahead: Sequence[Any] = (),
+                            step_token_budget: int | None = None) -> tuple[float, float]:
+    """Predicted prefill time (model granted to first token) of a new answer joining a running
+    batch, ``(p50 ms, p95 ms)``: the step model's p50s and p95s of the steps
+    :func:`batched_step_shapes` says it runs (same arguments), added up (the p95 of a sum of
+    positively correlated steps is at most the sum of their p95s).
+
+    Raises:
+        InvalidInput: bad token counts.
+    """
+    shapes = batched_step_shapes(prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
+                                 prefix_tokens=prefix_tokens, chunk_tokens=chunk_tokens,
+                                 decode_contexts=decode_contexts, prefills_ahead=prefills_ahead,
+                                 step_token_budget=step_token_budget)
     if not shapes:
         return 0.0, 0.0
     p50, p95 = fit.predict_ms(shapes)
@@ -345,13 +387,17 @@ class BatchedBand:
             ``(context length, decode steps left)`` (:func:`predict_batched_ttft_ms`).
         prefills_ahead: each admitted answer still prefilling: ``(tokens left, next
             position)`` or ``(tokens left, next position, max new tokens)``.
+        step_token_budget: the engine's tokens per step (chunks of several answers share a
+            step within it); ``None``: one chunk a step.
     """
 
     def __init__(self, base: Any, fit: StepFit, chunk_tokens: int,
-                 decode_contexts: Sequence[Any], prefills_ahead: Sequence[Any] = ()) -> None:
+                 decode_contexts: Sequence[Any], prefills_ahead: Sequence[Any] = (),
+                 step_token_budget: int | None = None) -> None:
         self.base, self.fit, self.chunk_tokens = base, fit, int(chunk_tokens)
         self.decode_contexts = [_decoder(x) for x in decode_contexts]
         self.prefills_ahead = [_ahead(x) for x in prefills_ahead]
+        self.step_token_budget = None if step_token_budget is None else int(step_token_budget)
         self.id: str = base.id
         self.source: str = base.source
 
@@ -361,10 +407,11 @@ class BatchedBand:
     def batch_extra_ms(self, prompt_tokens: int, cached_tokens: int,
                        prefix_tokens: int) -> tuple[float, float]:
         """``(p50, p95)`` ms the running batch adds to this prompt's prefill (>= 0)."""
-        kw = dict(prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, prefix_tokens=prefix_tokens,
-                  chunk_tokens=self.chunk_tokens)
-        alone = predict_batched_ttft_ms(self.fit, decode_contexts=(), **kw)  # type: ignore[arg-type]
-        batch = predict_batched_ttft_ms(self.fit, decode_contexts=self.decode_contexts,  # type: ignore[arg-type]
+        kw: dict[str, Any] = dict(prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
+                                  prefix_tokens=prefix_tokens, chunk_tokens=self.chunk_tokens,
+                                  step_token_budget=self.step_token_budget)
+        alone = predict_batched_ttft_ms(self.fit, decode_contexts=(), **kw)
+        batch = predict_batched_ttft_ms(self.fit, decode_contexts=self.decode_contexts,
                                         prefills_ahead=self.prefills_ahead, **kw)
         return max(batch[0] - alone[0], 0.0), max(batch[1] - alone[1], 0.0)
 

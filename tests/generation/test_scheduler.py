@@ -83,3 +83,38 @@ def test_every_step_is_logged_with_its_shape_and_time() -> None:
     assert [(r.segments, r.logit_rows) for r in log] == [
         (((16, 0),), 0), (((16, 16),), 0), (((8, 32),), 1), (((1, 40),), 1), (((1, 41),), 1)]
     assert all(r.ms > 0 for r in log) and [r.t_end for r in log] == sorted(r.t_end for r in log)
+
+
+def test_the_batch_model_replays_the_engines_packing() -> None:
+    """What ``batch_snapshot`` shows, replayed by ``latency_model.step_model.batched_step_shapes``,
+    is the engine's own steps up to the new answer's first token: chunks of several answers
+    sharing a step within the step token budget, answers ahead joining the decoders when their
+    prefill ends, decoders leaving when they reach max_new."""
+    from latency_model.step_model import batched_step_shapes
+
+    model = _tiny("llama")
+    register_packed_attention()
+    model.config._attn_implementation = ATTN_NAME
+    engine = Engine(model, "cpu", threading.Lock(), lambda _ids: None, lambda *_a: None, 4, 24)
+
+    def seq(n: int, first: int, max_new: int) -> Sequence:
+        return Sequence(prompt=list(range(first, first + n)), prefix_len=0, max_new=max_new, chunk=16,
+                        select=lambda _logits: 7, eos=frozenset())
+
+    a, b, c = seq(40, 5, 3), seq(10, 50, 2), seq(30, 70, 4)
+    with engine._cond:  # all three queued before the first step
+        engine.submit(a)
+        engine.submit(b)
+        decoding, ahead = engine.batch_snapshot()
+        engine.submit(c)
+    for s in (a, b, c):
+        while s.out.get(timeout=30)[0] != "end":
+            pass
+    assert decoding == [] and ahead == [(40, 0, 3), (10, 0, 2)]
+    predicted = batched_step_shapes(prompt_tokens=30, cached_tokens=0, prefix_tokens=0, chunk_tokens=16,
+                                    decode_contexts=decoding, prefills_ahead=ahead, step_token_budget=24)
+    logged = [(r.segments, r.logit_rows) for r in engine.recent_steps()]
+    assert [(p.segments, p.logit_rows) for p in predicted] == logged[:len(predicted)] == [
+        (((16, 0),), 0), (((16, 16),), 0), (((8, 32), (10, 0)), 2),
+        (((1, 40), (1, 10), (16, 0)), 2), (((1, 41), (14, 16)), 2)]
+    engine.close()

@@ -15,6 +15,7 @@ from latency_model.step_model import (
     BatchedBand,
     StepFit,
     StepShape,
+    batched_step_shapes,
     fit_steps,
     predict_batched_ttft_ms,
     prefill_schedule,
@@ -121,6 +122,26 @@ def test_decoders_that_finish_during_the_prefill_stop_costing() -> None:
     many = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=[(300, 0, 64)], **kw)  # type: ignore[arg-type]
     two_tuple = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=[(300, 0)], **kw)  # type: ignore[arg-type]
     assert one[0] < many[0] and many == two_tuple
+
+
+def test_short_prefills_ahead_share_steps_within_the_step_token_budget() -> None:
+    """Five 23-token prompts ahead (k = 0 answers with a cached scaffold) share one step, not
+    five steps of their own, and then decode beside this answer's chunks (the engine packs chunks
+    in admission order while they fit: tests/generation/test_scheduler.py checks the replay
+    against the engine)."""
+    shapes = random_shapes(60, 3)
+    fit = fit_steps(shapes, [true_step_ms(s) for s in shapes], list(range(60)))
+    kw = dict(prompt_tokens=600, cached_tokens=83, prefix_tokens=83, chunk_tokens=256)
+    ahead = [(23, 83, 32)] * 5
+    packed = batched_step_shapes(decode_contexts=[], prefills_ahead=ahead, step_token_budget=256, **kw)  # type: ignore[arg-type]
+    one_each = batched_step_shapes(decode_contexts=[], prefills_ahead=ahead, **kw)  # type: ignore[arg-type]
+    assert len(one_each) == 5 + 3 and len(packed) == 1 + 3  # its 256-token chunk does not fit beside them
+    assert packed[0].segments == ((23, 83),) * 5 and packed[0].logit_rows == 5
+    assert packed[1].segments == ((1, 106),) * 5 + ((256, 83),) and packed[1].logit_rows == 5
+    shared = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=ahead,  # type: ignore[arg-type]
+                                     step_token_budget=256, **kw)
+    apart = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=ahead, **kw)  # type: ignore[arg-type]
+    assert shared[0] < apart[0]
 
 
 def test_batched_band_adds_only_what_the_batch_costs(fitted_profile: Profile) -> None:
