@@ -53,6 +53,17 @@ class AnswerError(BaseModel):
     message: str
 
 
+class PlanBatch(BaseModel):
+    """The local engine's batch a plan was made beside (``app.plan_bands.batch_of``): what the
+    batch model (``latency_model.step_model.batched_step_shapes``) replayed for it."""
+
+    decoding: list[tuple[int, int]] = Field(description="per running answer that is decoding: "
+                                            "[context tokens, decode steps left]")
+    prefilling: list[tuple[int, int, int | None]] = Field(
+        description="per answer prefilling ahead of this one, in the engine's prefill order: "
+        "[prompt tokens left, next position, max_new_tokens (null: not known)]")
+
+
 class PredictedTTFT(BaseModel):
     """The plan's prediction for the chosen ``k``.
 
@@ -83,10 +94,8 @@ class PredictedTTFT(BaseModel):
     correction_group: str | None = Field(None, description="the answers that set the factor and "
                                          "multiplier: 'alone' or 'batched' (the plan's own group), "
                                          "None: the pooled window, or correction off")
-    batch: dict[str, list[list[int | None]]] | None = Field(
-        None, description="the engine batch the plan was made beside: 'decoding' [context tokens, "
-        "decode steps left] per running answer, 'prefilling' [prompt tokens left, next position, "
-        "max_new_tokens] per answer prefilling ahead (None: planned alone)")
+    batch: PlanBatch | None = Field(None, description="the engine batch the plan was made beside "
+                                    "(None: planned with nothing else on the engine)")
 
 
 class AnswerTimings(BaseModel):

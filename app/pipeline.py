@@ -72,7 +72,7 @@ from app.validation import (
     check_question,
 )
 from foundation.errors import BudgetUnreachable, TooLarge
-from generation.base import ON_SUBMIT, GenerationStats, GenParams, TokenEvent
+from generation.base import ON_SUBMIT, PREFILL_ORDER, GenerationStats, GenParams, TokenEvent
 from generation.stopping import StopMatcher
 from latency_model.correction import CorrectionRegistry, CorrectionState
 from latency_model.planner import Plan, PrefillBand
@@ -412,6 +412,7 @@ class AnswerPipeline:
                 # even when the loop stops early (cancel, client gone).
                 key = pending
                 ON_SUBMIT.set(lambda: self._submitted(key))
+                PREFILL_ORDER.set(self.bands.order_of(key))
                 with _closing(gen.stream(prepared.prompt.ids,
                                         cached_prefix_ids=prepared.prompt.scaffold_ids,
                                         params=params, cancel=cancel,
@@ -450,6 +451,7 @@ class AnswerPipeline:
         finally:
             self._submitted(pending)
             ON_SUBMIT.set(None)
+            PREFILL_ORDER.set(None)
             if slot is not None:
                 slot.__exit__(None, None, None)
                 # This answer's stats on every path (ok, break, client gone, error), never a

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from app.answer_types import PlanBatch
 from latency_model.correction import ALONE, BATCHED, CorrectedProfile, CorrectionRegistry, CorrectionState
 from latency_model.planner import PrefillBand
 from latency_model.profile import Profile
@@ -52,6 +53,12 @@ SPEED_STEPS = 32
 SPEED_HORIZON_S = 10.0
 
 
+def _prefill_order(entry: Any) -> float:
+    """Sort key of a prefill ahead: its reserved order (4th item); an entry without one (a
+    snapshot of an engine that reports none) keeps its place before those with one."""
+    return float(entry[3]) if len(entry) > 3 and entry[3] is not None else -1.0
+
+
 def group_of(band: Any) -> str:
     """The online correction group of a plan made with ``band``: :data:`BATCHED` when it is a
     :class:`latency_model.step_model.BatchedBand` (the engine was running other answers),
@@ -61,10 +68,11 @@ def group_of(band: Any) -> str:
     return BATCHED if isinstance(band, BatchedBand) else ALONE
 
 
-def batch_of(band: Any) -> dict[str, list[list[int | None]]] | None:
+def batch_of(band: Any) -> PlanBatch | None:
     """The running batch a plan made with ``band`` (corrected or not) was made beside, or
-    ``None`` when it was planned alone: ``{"decoding": [[context, decode steps left], ...],
-    "prefilling": [[prompt tokens left, next position, max new tokens], ...]}`` (see
+    ``None`` when it was planned alone (:class:`app.answer_types.PlanBatch`: ``decoding``
+    ``(context, decode steps left)`` each, -1 for a decoder given without its steps left;
+    ``prefilling`` ``(prompt tokens left, next position, max new tokens)`` each; see
     :func:`latency_model.step_model.predict_batched_ttft_ms`). Shown in the answer's
     ``predicted.batch``, so a plan's batch model can be checked against what it measured."""
     from latency_model.step_model import BatchedBand
@@ -73,8 +81,8 @@ def batch_of(band: Any) -> dict[str, list[list[int | None]]] | None:
         band = band.profile
     if not isinstance(band, BatchedBand):
         return None
-    return {"decoding": [[c, left] for c, left in band.decode_contexts],
-            "prefilling": [[t, pos, m] for t, pos, m in band.prefills_ahead]}
+    return PlanBatch(decoding=[(c, left if left is not None else -1) for c, left in band.decode_contexts],
+                     prefilling=list(band.prefills_ahead))
 
 
 class PlanBands:
@@ -90,11 +98,11 @@ class PlanBands:
                                               window=pipeline.settings.correction_window)
         # Answers granted the model whose prefill the engine does not show yet (between the
         # plan and the engine's queue): ``(prompt tokens to prefill, first position, max new
-        # tokens)`` by key.
+        # tokens, prefill order reserved from the engine or None)`` by key.
         # Binding and registering happen under ``admit_lock``, so two answers granted at
         # once never both plan against a batch that holds neither.
         self.admit_lock = threading.Lock()
-        self._unsubmitted: dict[int, tuple[int, int, int]] = {}
+        self._unsubmitted: dict[int, tuple[int, int, int, int | None]] = {}
         self._unsubmitted_lock = threading.Lock()
         self._unsubmitted_keys = itertools.count()
 
@@ -157,9 +165,15 @@ class PlanBands:
         fit = getattr(profile, "step_fit", None)
         if fit is None or engine is None or not hasattr(engine, "batch_snapshot") or not chunk:
             return band
-        decoding, prefilling = engine.batch_snapshot()
+        decoding, shown = engine.batch_snapshot()
         with self._unsubmitted_lock:
-            prefilling = [*prefilling, *self._unsubmitted.values()]
+            pending = list(self._unsubmitted.values())
+        # In the engine's prefill order: an answer granted earlier but not in the engine yet
+        # goes before answers granted after it that are (the engine packs by reserved order).
+        # An entry the engine already shows is not counted twice (same order number).
+        known = {e[3] for e in shown if len(e) > 3}
+        prefilling = sorted([*shown, *(e for e in pending if e[3] is None or e[3] not in known)],
+                            key=_prefill_order)
         if not decoding and not prefilling:
             return band
         budget = getattr(engine, "step_token_budget", None)
@@ -169,15 +183,29 @@ class PlanBands:
     def expect_prefill(self, p: Prepared) -> int:
         """Count ``p``'s prefill as ahead of later answers until the engine shows it; its key.
 
-        ``(prompt tokens to prefill, first position, max new tokens)``: the whole prompt but a
-        cached scaffold. Removed by :meth:`submitted` (the generator's ``ON_SUBMIT`` call, or the
-        answer's end, whichever comes first).
+        ``(prompt tokens to prefill, first position, max new tokens, order)``: the whole prompt
+        but a cached scaffold; ``order`` is reserved from the engine now
+        (``Engine.reserve_order``), so the engine packs this answer's chunks before those of every
+        answer planned after it, even one that reaches the engine first. Removed by
+        :meth:`submitted` (the generator's ``ON_SUBMIT`` call, or the answer's end, whichever
+        comes first).
         """
         cached = int(p.prompt.scaffold_len) if p.scaffold_cached else 0
         key = next(self._unsubmitted_keys)
+        engine: Any = getattr(self._pipeline.services.generator, "engine", None)
+        order = int(engine.reserve_order()) if hasattr(engine, "reserve_order") else None
         with self._unsubmitted_lock:
-            self._unsubmitted[key] = (max(len(p.prompt.ids) - cached, 0), cached, int(p.max_new_tokens))
+            self._unsubmitted[key] = (max(len(p.prompt.ids) - cached, 0), cached,
+                                      int(p.max_new_tokens), order)
         return key
+
+    def order_of(self, key: int | None) -> int | None:
+        """The engine prefill order reserved for the answer ``key`` (from :meth:`expect_prefill`),
+        or None (no engine, or not counted): the pipeline streams the answer under it
+        (:data:`generation.base.PREFILL_ORDER`), so the engine packs it where its plan put it."""
+        with self._unsubmitted_lock:
+            entry = self._unsubmitted.get(key) if key is not None else None
+        return entry[3] if entry is not None else None
 
     def submitted(self, key: int | None) -> None:
         """Stop counting the answer ``key`` (from :meth:`expect_prefill`) as not yet submitted."""

@@ -52,9 +52,11 @@ def timed(url: str, data: Path, checks: int) -> dict[str, dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
-    ap.add_argument("--checks", type=int, default=500)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/test",
+                    help="PostgreSQL URL (a fresh schema is made in it and dropped)")
+    ap.add_argument("--checks", type=int, default=500, help="timed checks per side, after 20 warm-up")
     args = ap.parse_args(argv)
     res: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as d:

@@ -94,12 +94,24 @@ def compare(profile: Profile, rows: list[dict[str, Any]], planned: str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="load.py JSONL files")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                 epilog="Models: replay = the engine's packing at --step-budget, decoders "
+                                        "leave at max_new_tokens; 'one chunk a step' = the same without "
+                                        "sharing steps; before = one chunk a step, decoders never leave. "
+                                        "Only answers whose rows carry predicted.batch (runs from "
+                                        "2026-12-02 on) are compared.")
+    ap.add_argument("runs", nargs="+", type=Path, help="load.py JSONL files (grid or --batching)")
     ap.add_argument("--profile", type=Path, required=True, help="the run's profile JSON")
-    ap.add_argument("--planned", choices=MODELS, default="replay", help="the model the run planned with")
+    ap.add_argument("--planned", choices=MODELS, default="replay",
+                    help="the batch model the run planned with (its batch term is taken out of "
+                         "each row's p50 to get the base prediction)")
     ap.add_argument("--step-budget", type=int, default=256, help="the engine's step token budget")
     args = ap.parse_args(argv)
+    missing = [str(p) for p in [args.profile, *args.runs] if not p.is_file()]
+    if missing:
+        print(f"no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
     profile = Profile.from_json(args.profile.read_bytes())
     if profile.step_fit is None:
         print("the profile has no mixed-step model", file=sys.stderr)

@@ -38,6 +38,12 @@ FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "cancelled", "erro
 #: but the engine does not show yet. Generators without an engine never call it.
 ON_SUBMIT: ContextVar[Callable[[], None] | None] = ContextVar("ragbudget_on_submit", default=None)
 
+#: The engine's prefill order for the next answer streamed from this context: a number reserved
+#: from the engine (``generation.scheduler.Engine.reserve_order``) when the answer was granted the
+#: model and planned, so that its prefill chunks go before those of every answer granted after
+#: it, whichever reaches the engine first. ``None``: the order is taken when the engine gets it.
+PREFILL_ORDER: ContextVar[int | None] = ContextVar("ragbudget_prefill_order", default=None)
+
 
 @dataclass
 class GenParams:

@@ -23,6 +23,7 @@ from typing import Any
 from foundation.errors import BackendError, InvalidConfig, InvalidInput, RagBudgetError, TooLarge
 from generation.base import (
     ON_SUBMIT,
+    PREFILL_ORDER,
     GenerationStats,
     GenParams,
     IncrementalDetokenizer,
@@ -394,6 +395,7 @@ class LocalGenerator:
                                 last_token_t=None, params=params)
         detok = IncrementalDetokenizer(self.tokenizer.decode)
         seq = self._sequence(prompt_ids, len(prefix), params, cancel, chunk)
+        seq.order = PREFILL_ORDER.get()  # reserved when the answer was planned (None: at submit)
         submitted = ended = False
         try:
             stats.start_t = time.perf_counter()

@@ -6,7 +6,11 @@ reading their prompt, up to ``step_token_budget`` tokens (at least one chunk per
 step, so a prefill always advances). Answers join at the next step after they
 arrive (up to ``max_running`` at once) and leave the moment they finish or are
 cancelled. This is the scheme of Orca / vLLM / Sarathi-Serve (chunked prefill
-riding along with decode steps).
+riding along with decode steps). Prefill chunks go in prefill order (a number each
+answer reserves when it is planned, :meth:`Engine.reserve_order`, or takes at
+submission), and the first chunk that does not fit ends the step's prefill, so an
+answer never overtakes one planned before it: the planner's replay of these steps
+(``latency_model.step_model.batched_step_shapes``) holds whatever arrives later.
 
 Batch invariance (an answer's tokens do not depend on its batch mates, its row
 in the step, or when it arrived), established as follows:
@@ -36,6 +40,7 @@ packing state travels as the ``ragbudget_step`` keyword argument.
 from __future__ import annotations
 
 import atexit
+import itertools
 import queue
 import threading
 import time
@@ -227,6 +232,7 @@ class Sequence:
     cached_tokens: int = 0
     admitted_t: float | None = None
     first_logits: Any = None  # set when a prefix-only prompt takes the cache's logits
+    order: int | None = None  # prefill order (Engine.reserve_order, or set at submit)
 
     def in_prefill(self) -> bool:
         """True while prompt tokens remain to be prefilled (``pos`` < prompt length)."""
@@ -237,6 +243,11 @@ class Sequence:
         start = self.pos
         limit = self.prefix_len if start < self.prefix_len else len(self.prompt)
         return start, min(limit, start + self.chunk)
+
+
+def _order(seq: Sequence) -> int:
+    """``seq``'s prefill order (-1 before it has one: an answer run alone by ``run_alone``)."""
+    return seq.order if seq.order is not None else -1
 
 
 def _close_engine(ref: weakref.ReferenceType[Engine]) -> None:
@@ -274,6 +285,7 @@ class Engine:
         self.max_running, self.step_token_budget = max_running, step_token_budget
         self.fixed_rows = fixed_rows
         self._cond = threading.Condition()
+        self._orders = itertools.count()  # prefill order: reserved at grant or taken at submit
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._thread: threading.Thread | None = None
@@ -297,9 +309,19 @@ class Engine:
             thread.join(timeout=5.0)
 
     # --- public ------------------------------------------------------------------------
-    def submit(self, seq: Sequence) -> None:
-        """Queue ``seq``; it joins the running batch at the next step with room."""
+    def reserve_order(self) -> int:
+        """A prefill order number for an answer about to be submitted (``Sequence.order``):
+        reserved when the answer is planned, its chunks go before those of every answer that
+        reserves or is submitted later, whichever reaches the engine first."""
         with self._cond:
+            return next(self._orders)
+
+    def submit(self, seq: Sequence) -> None:
+        """Queue ``seq``; it joins the running batch at the next step with room. Without a
+        reserved ``order`` it takes the next one now."""
+        with self._cond:
+            if seq.order is None:
+                seq.order = next(self._orders)
             self._waiting.append(seq)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="ragbudget-engine", daemon=True)
@@ -316,24 +338,26 @@ class Engine:
         with self._cond:
             return len(self._running)
 
-    def batch_snapshot(self) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+    def batch_snapshot(self) -> tuple[list[tuple[int, int]], list[tuple[int, int, int, int]]]:
         """What a new answer would share steps with, now: ``(context length, decode steps
         left)`` of each running answer that is decoding (tokens in its KV; steps until it
         reaches ``max_new``, fewer if it stops at an end-of-text token), and ``(prompt tokens
-        left, next position, max_new)`` of each answer admitted or waiting that is still
-        prefilling, in admission order. An answer not admitted yet starts after its scaffold
-        when the prefix cache holds it (``prefix_known``), else from position 0. Read by
-        ``latency_model.step_model.BatchedBand``."""
+        left, next position, max_new, order)`` of each answer admitted or waiting that is still
+        prefilling, in prefill order (:meth:`_plan`). An answer not admitted yet starts after
+        its scaffold when the prefix cache holds it (``prefix_known``), else from position 0.
+        Read by ``latency_model.step_model.BatchedBand``."""
         with self._cond:
             seqs = [s for s in [*self._running, *self._waiting] if not s.done]
             decoding = [(s.pos, max(s.max_new - s.produced, 0)) for s in seqs if not s.in_prefill()]
-            prefilling = [(s, len(s.prompt), s.pos, s.max_new, s.kv is None) for s in seqs if s.in_prefill()]
-        out: list[tuple[int, int, int]] = []
-        for seq, n, pos, max_new, waiting in prefilling:  # the cache has its own lock: not under _cond
+            prefilling = [(s, len(s.prompt), s.pos, s.max_new, s.kv is None, _order(s))
+                          for s in seqs if s.in_prefill()]
+        out: list[tuple[int, int, int, int]] = []
+        for seq, n, pos, max_new, waiting, order in sorted(prefilling, key=lambda e: e[5]):
+            # The cache has its own lock: asked outside _cond.
             if (waiting and pos == 0 and 0 < seq.prefix_len < n and self.prefix_known is not None
                     and self.prefix_known(seq.prompt[:seq.prefix_len])):
                 pos = seq.prefix_len
-            out.append((n - pos, pos, max_new))
+            out.append((n - pos, pos, max_new, order))
         return decoding, out
 
     def recent_steps(self) -> list[StepRecord]:
@@ -404,17 +428,21 @@ class Engine:
         seq.out.put(("end", reason, exc))
 
     def _admit(self, seq: Sequence) -> None:
-        seq.admitted_t = time.perf_counter()
-        seq.kv = SeqKV(len(seq.prompt) + seq.max_new + 1)
+        admitted_t = time.perf_counter()
+        kv = SeqKV(len(seq.prompt) + seq.max_new + 1)
+        cached, first_logits = 0, None
         if seq.prefix_len:
             hit = self.prefix_lookup(seq.prompt[:seq.prefix_len])
             if hit is not None:
-                kv, logits = hit
-                seq.kv.load_prefix(kv)
-                seq.pos = seq.prefix_len
-                seq.cached_tokens = seq.prefix_len
-                if seq.pos == len(seq.prompt):
-                    seq.first_logits = logits
+                prefix_kv, logits = hit
+                kv.load_prefix(prefix_kv)
+                cached = seq.prefix_len
+                if cached == len(seq.prompt):
+                    first_logits = logits
+        with self._cond:  # batch_snapshot sees the answer before admission or after, never half-way
+            seq.admitted_t, seq.kv, seq.pos, seq.cached_tokens = admitted_t, kv, cached, cached
+            if first_logits is not None:
+                seq.first_logits = first_logits
         seq.out.put(("meta", {"start_t": seq.admitted_t, "cached_tokens": seq.cached_tokens}))
 
     def _plan(self, live: list[Sequence]) -> list[tuple[Sequence, list[int], int, bool]]:
@@ -425,12 +453,13 @@ class Engine:
                 items.append((seq, [seq.next_tok], seq.pos, True))
         used = len(items)
         took_chunk = False
-        for seq in live:
-            if not seq.in_prefill():
-                continue
+        # Prefill chunks in prefill order (reserved when each answer was planned), and the first
+        # that does not fit ends the step's prefill: an answer planned later never overtakes one
+        # planned before it, so a plan made beside the batch holds whoever arrives after it.
+        for seq in sorted((s for s in live if s.in_prefill()), key=_order):
             start, end = seq.next_chunk()
             if took_chunk and used + (end - start) > self.step_token_budget:
-                continue
+                break
             needs = end == len(seq.prompt) or end == seq.prefix_len
             items.append((seq, seq.prompt[start:end], start, needs))
             used += end - start

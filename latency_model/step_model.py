@@ -274,10 +274,12 @@ def _decoder(entry: Any) -> tuple[int, int | None]:
 
 
 def _ahead(entry: Any) -> tuple[int, int, int | None]:
-    """``(prompt tokens left, next position, max new tokens or None)`` of one prefill ahead."""
+    """``(prompt tokens left, next position, max new tokens or None)`` of one prefill ahead
+    (given as 2 items, or 3 or more: anything after max new tokens, such as the engine's
+    prefill order, is not needed here: the entries come in that order)."""
     if len(entry) == 2:
         return int(entry[0]), int(entry[1]), None
-    left, pos, max_new = entry
+    left, pos, max_new = entry[:3]
     return int(left), int(pos), None if max_new is None else int(max_new)
 
 
@@ -290,9 +292,10 @@ def batched_step_shapes(*, prompt_tokens: int, cached_tokens: int, prefix_tokens
 
     Replays the engine's packing (``generation.scheduler.Engine._plan``) step by step: every
     running decoder's next token first, then one prefill chunk per answer still prefilling,
-    in admission order, while the step's tokens stay within ``step_token_budget`` (the first
-    chunk always fits; a chunk that does not fit waits, a later smaller one may still go);
-    ``None``: one chunk a step (an unbounded chunk never shares). The answers still
+    in the engine's prefill order (the order answers were planned in), while the step's tokens
+    stay within ``step_token_budget`` (the first chunk always fits; the first that does not
+    fit ends the step's prefill, so no later answer overtakes); ``None``: one chunk a step
+    (an unbounded chunk never shares). The answers still
     prefilling ahead of this one (``prefills_ahead``: ``(tokens left, next position)`` or
     ``(tokens left, next position, max new tokens)`` each) come before it, its own chunks
     (:func:`prefill_schedule`) last; so the short tail of a long prompt ahead and a few short
@@ -333,7 +336,7 @@ def batched_step_shapes(*, prompt_tokens: int, cached_tokens: int, prefix_tokens
                 continue
             n, start, needs = chunks[0]
             if took and (step_token_budget is None or used + n > budget):
-                continue
+                break
             chunks.popleft()
             segs.append((n, start))
             logits += int(needs)

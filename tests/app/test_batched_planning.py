@@ -204,7 +204,9 @@ def test_the_answer_shows_the_batch_its_plan_was_made_beside(step_profile: Profi
 
     busy = pipeline(FakeEngine([(400, 5), (900, 30)], [(300, 83, 64)]))
     band, _ = busy.planner_profile(step_profile)
-    assert batch_of(band) == {"decoding": [[400, 5], [900, 30]], "prefilling": [[300, 83, 64]]}
+    shown = batch_of(band)
+    assert shown is not None and shown.model_dump() == {"decoding": [(400, 5), (900, 30)],
+                                                       "prefilling": [(300, 83, 64)]}
     idle, _ = pipeline(FakeEngine([], [])).planner_profile(step_profile)
     assert batch_of(idle) is None and batch_of(step_profile) is None
     leaving = pipeline(FakeEngine([(400, 1), (900, 1)], []), online_correction=False)
@@ -212,3 +214,33 @@ def test_the_answer_shows_the_batch_its_plan_was_made_beside(step_profile: Profi
     short = leaving.planner_profile(step_profile)[0].predict_ttft_ms(1400, 83, 83)
     long = staying.planner_profile(step_profile)[0].predict_ttft_ms(1400, 83, 83)
     assert short[0] < long[0]  # decoders about to finish cost one step, not the whole prefill
+
+
+def test_answers_ahead_are_in_the_order_they_were_planned(step_profile: Profile) -> None:
+    """An answer planned (and given its engine prefill order) before another, but not in the
+    engine yet when the other got there first, is still ahead of it in the next plan's batch,
+    as the engine will pack them; and an answer both not yet marked submitted and already in
+    the engine's snapshot (same order number) counts once."""
+
+    class OrderedEngine(FakeEngine):
+        def __init__(self) -> None:
+            super().__init__([], [])
+            self.orders = iter(range(5, 100))
+
+        def reserve_order(self) -> int:
+            return next(self.orders)
+
+    engine = OrderedEngine()
+    pipe = pipeline(engine, online_correction=False)
+    big = SimpleNamespace(prompt=SimpleNamespace(ids=list(range(600)), scaffold_len=83),
+                          scaffold_cached=True, max_new_tokens=32)
+    key = pipe._expect_prefill(big)  # type: ignore[arg-type]
+    assert pipe.bands.order_of(key) == 5
+    engine.state = ([], [(23, 83, 32, 6)])  # planned after it, but in the engine first
+    band = pipe._batched(step_profile, step_profile)
+    assert isinstance(band, BatchedBand) and band.prefills_ahead == [(517, 83, 32), (23, 83, 32)]
+    engine.state = ([], [(517, 83, 32, 5), (23, 83, 32, 6)])  # the engine has it; not yet marked
+    band = pipe._batched(step_profile, step_profile)
+    assert isinstance(band, BatchedBand) and band.prefills_ahead == [(517, 83, 32), (23, 83, 32)]
+    pipe._submitted(key)
+    assert pipe.bands.order_of(key) is None

@@ -86,10 +86,13 @@ def test_every_step_is_logged_with_its_shape_and_time() -> None:
 
 
 def test_the_batch_model_replays_the_engines_packing() -> None:
-    """What ``batch_snapshot`` shows, replayed by ``latency_model.step_model.batched_step_shapes``,
-    is the engine's own steps up to the new answer's first token: chunks of several answers
-    sharing a step within the step token budget, answers ahead joining the decoders when their
-    prefill ends, decoders leaving when they reach max_new."""
+    """What ``batch_snapshot`` shows when an answer is planned, replayed by
+    ``latency_model.step_model.batched_step_shapes``, is the engine's own steps up to that
+    answer's first token: chunks in prefill order sharing a step within the step token budget,
+    the first that does not fit ending the step's prefill (a later, smaller one never overtakes),
+    answers ahead joining the decoders when their prefill ends and leaving at max_new. An answer
+    that reserved its order when planned goes before one submitted after that, even if it reaches
+    the engine later; the latecomer only rides along in room left over."""
     from latency_model.step_model import batched_step_shapes
 
     model = _tiny("llama")
@@ -101,20 +104,31 @@ def test_the_batch_model_replays_the_engines_packing() -> None:
         return Sequence(prompt=list(range(first, first + n)), prefix_len=0, max_new=max_new, chunk=16,
                         select=lambda _logits: 7, eos=frozenset())
 
-    a, b, c = seq(40, 5, 3), seq(10, 50, 2), seq(30, 70, 4)
-    with engine._cond:  # all three queued before the first step
+    a, b, c, d = seq(40, 5, 3), seq(30, 50, 2), seq(4, 90, 2), seq(20, 100, 4)
+    with engine._cond:  # everything queued before the first step
         engine.submit(a)
         engine.submit(b)
-        decoding, ahead = engine.batch_snapshot()
-        engine.submit(c)
-    for s in (a, b, c):
+        decoding, ahead = engine.batch_snapshot()  # what d's plan sees
+        d.order = engine.reserve_order()  # d is planned now ...
+        engine.submit(c)  # ... c arrives and reaches the engine first ...
+        engine.submit(d)  # ... then d
+    for s in (a, b, c, d):
         while s.out.get(timeout=30)[0] != "end":
             pass
-    assert decoding == [] and ahead == [(40, 0, 3), (10, 0, 2)]
-    predicted = batched_step_shapes(prompt_tokens=30, cached_tokens=0, prefix_tokens=0, chunk_tokens=16,
-                                    decode_contexts=decoding, prefills_ahead=ahead, step_token_budget=24)
+    assert decoding == [] and ahead == [(40, 0, 3, 0), (30, 0, 2, 1)] and (d.order, c.order) == (2, 3)
+    predicted = [(p.segments, p.logit_rows) for p in batched_step_shapes(
+        prompt_tokens=20, cached_tokens=0, prefix_tokens=0, chunk_tokens=16, decode_contexts=decoding,
+        prefills_ahead=ahead, step_token_budget=24)]
     logged = [(r.segments, r.logit_rows) for r in engine.recent_steps()]
-    assert [(p.segments, p.logit_rows) for p in predicted] == logged[:len(predicted)] == [
-        (((16, 0),), 0), (((16, 16),), 0), (((8, 32), (10, 0)), 2),
-        (((1, 40), (1, 10), (16, 0)), 2), (((1, 41), (14, 16)), 2)]
+    assert predicted == [
+        (((16, 0),), 0),  # b's 16 would not fit beside a's: the step's prefill ends there
+        (((16, 16),), 0),  # c's 4 would have fitted, but does not overtake b and d
+        (((8, 32), (16, 0)), 1),
+        (((1, 40), (14, 16)), 2),
+        (((1, 41), (1, 30), (16, 0)), 2),
+        (((4, 16),), 1)]  # d's first token
+    assert logged[:4] == predicted[:4]
+    # c, submitted after d's plan, rides along in the room d's chunks leave, never before them.
+    assert logged[4] == (((1, 41), (1, 30), (16, 0), (4, 0)), 3)
+    assert logged[5] == (((1, 4), (4, 16)), 2)
     engine.close()
