@@ -143,7 +143,8 @@ class Answer(BaseModel):
     revision: int
     chosen_k: int
     binding: str = Field(description="why k stopped: budget, context_window, "
-                                     "candidates_exhausted or nothing_fits")
+                                     "candidates_exhausted, nothing_fits or arrivals (room left "
+                                     "for requests that arrived meanwhile)")
     predicted: PredictedTTFT
     timings: AnswerTimings
     tokens: TokenCounts

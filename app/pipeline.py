@@ -21,6 +21,18 @@ calls), from the budget minus the time actually spent. With ``online_correction`
 the plans use the fitted profile under :mod:`latency_model.correction`, fed by
 every answer's measured prefill (both kept by :mod:`app.plan_bands`).
 
+Room for arrivals (``room_for_arrivals``, on by default, with late binding and a
+batching engine with a step model): the engine prefills answers in the order
+they were granted, so an answer granted now delays the prefill of every request
+that has already arrived and not yet got the model. Bound alone, the first of
+several requests arriving together takes the whole budget's worth of chunks and
+leaves the others too little time to answer even with k = 0 (on the load grid:
+two clients in lockstep, the second always at k = 0 near its budget; four, the
+other three refused fast over and over). :meth:`AnswerPipeline.room_for_arrivals_plan`
+caps k at the largest that still lets each of them, priced behind it at p95 with
+k = 0 and the time it has already spent, answer within its own budget (binding
+``arrivals``); a request that could not make it even then is not counted.
+
 When even ``k = 0`` cannot make the budget (``on_budget_miss``): ``answer``
 answers anyway with ``binding == "nothing_fits"``; ``reject`` raises
 :class:`foundation.errors.BudgetUnreachable` (503, no receipt), on arrival when
@@ -98,6 +110,7 @@ class AnswerPipeline:
         self.late_binding = bool(self.settings.late_binding)
         self.online_correction = bool(self.settings.online_correction)
         self.live_speed = bool(self.settings.correction_live_speed)
+        self.room_for_arrivals = bool(getattr(self.settings, "room_for_arrivals", True))
         self._lock = threading.Lock()
         # The planning band, the online correction and the answers granted but not yet seen by
         # the engine (app.plan_bands); it reads the two switches above when it uses them.
@@ -260,7 +273,7 @@ class AnswerPipeline:
             overhead_ms=overhead_ms, extra_tokens=full.framing_tokens + full.history_tokens,
         )
 
-    def bind(self, p: Prepared, now_t: float | None = None) -> Prepared:
+    def bind(self, p: Prepared, now_t: float | None = None, arrival_key: int | None = None) -> Prepared:
         """Late binding: choose k now that the request has the model; return the updated request.
 
         The hook a generation queue or scheduler calls when it hands ``p`` the model:
@@ -268,7 +281,9 @@ class AnswerPipeline:
         time already spent (auth, retrieval, queue wait); the plan gets the budget minus
         that, under the profile (and online correction) in force now, and the prompt is
         rebuilt for the chosen k. The retrieval and candidate list are those of arrival.
-        The time this takes is added to ``planning_ms``.
+        The time this takes is added to ``planning_ms``. With ``room_for_arrivals`` the k is
+        capped so the requests arrived meanwhile (all but ``arrival_key``, this request's own
+        :meth:`PlanBands.arrive` key) keep room to answer (:meth:`room_for_arrivals`).
         """
         t0 = time.perf_counter()
         now_t = now_t if now_t is not None else t0
@@ -276,6 +291,8 @@ class AnswerPipeline:
         planner_profile, correction = self.planner_profile(p.profile)
         plan = self._plan(p.full_prompt, p.scaffold_cached, p.budget_ms, p.max_new_tokens,
                           planner_profile, spent_ms)
+        if self.room_for_arrivals:
+            plan = self.room_for_arrivals_plan(plan, p, spent_ms, now_t, arrival_key)
         prompt = p.prompt
         k = plan.chosen_k if plan.chosen_k is not None else 0
         if k != (p.plan.chosen_k or 0):
@@ -288,6 +305,72 @@ class AnswerPipeline:
         return replace(p, plan=plan, prompt=prompt, planner_profile=planner_profile,
                        correction=correction, late_bound=True, timings_ms=timings)
 
+    def room_for_arrivals_plan(self, plan: Plan, p: Prepared, spent_ms: float, now_t: float,
+                               arrival_key: int | None) -> Plan:
+        """``plan`` with k capped so every request arrived and not yet granted keeps room to answer.
+
+        Each such request ``r`` (:meth:`PlanBands.arrivals`, oldest first, ``arrival_key``
+        excluded) will prefill after this answer and after the ones before it. Its TTFT with
+        k = 0 is predicted as ``spent_r + p95_r``: ``spent_r`` the larger of the time since it
+        arrived and this answer's own ``spent_ms`` (it still has retrieval and planning ahead);
+        ``p95_r`` its prefill at p95 behind this answer's chosen prompt and the others before
+        it (:meth:`PlanBands.behind`; its prompt taken as long as this answer's k = 0 prompt,
+        each before it at k = 0). The chosen k is the largest (binary search; predictions grow
+        with k) at which every counted ``r`` fits its budget; ``r`` that would not fit even with
+        this answer at k = 0 are not counted (nothing this plan does saves them). Unchanged
+        when nothing is waiting, k is already 0 or None, or there is no batching engine with
+        a step model to price it; else binding ``arrivals``.
+        """
+        k_max = plan.chosen_k
+        others = self.bands.arrivals(besides=arrival_key)
+        if not others or not k_max:
+            return plan
+        rows, scaffold = plan.rows, int(p.full_prompt.scaffold_len)
+        own0 = rows[0]
+
+        def miss(k: int, counted: list[Any]) -> list[Any] | None:
+            """The counted arrivals that miss with this answer at ``k`` (None: cannot price)."""
+            row = rows[k]
+            extra: list[tuple[int, int, int, int | None]] = [
+                (row.computed_tokens, row.cached_tokens, p.max_new_tokens, None)]
+            missed = []
+            for r in counted:
+                band = self.bands.behind(p.profile, extra)
+                if band is None:
+                    return None
+                p95 = float(band.predict_ttft_many([own0.prompt_tokens], [own0.cached_tokens],
+                                                   [scaffold])[1][0])
+                if max((now_t - r.arrival_t) * 1000.0, spent_ms) + p95 > r.budget_ms:
+                    missed.append(r)
+                extra.append((own0.computed_tokens, own0.cached_tokens, r.max_new_tokens, None))
+            return missed
+
+        counted = list(others)
+        while counted:  # drop those k = 0 cannot save; dropping one only helps the rest
+            lost = miss(0, counted)
+            if lost is None:
+                return plan
+            if not lost:
+                break
+            counted = [r for r in counted if r not in lost]
+        if not counted:
+            return plan
+        top = miss(k_max, counted)
+        if top is not None and not top:
+            return plan
+        lo, hi = 0, k_max  # lo fits, hi does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if miss(mid, counted):
+                hi = mid
+            else:
+                lo = mid
+        n = len(counted)
+        return replace(plan, chosen_k=lo, binding="arrivals",
+                       message=(f"k={lo}: one more chunk would leave {'one of the ' if n > 1 else 'the '}"
+                                f"{n} request{'s' if n > 1 else ''} that arrived meanwhile too little "
+                                f"prefill time to answer within {'its' if n == 1 else 'their'} budget"))
+
     def _ticket(self, p: Prepared) -> Ticket:
         """``p``'s predicted time on the model for the queue: the planned prompt's prefill p50
         and ``max_new_tokens`` decode steps at the profile's TPOT (ms)."""
@@ -295,6 +378,18 @@ class AnswerPipeline:
         row = p.plan.rows[k]
         return Ticket(prefill_ms=row.ttft_p50_ms, tpot_ms=p.profile.predict_tpot_ms(row.prompt_tokens),
                       max_new_tokens=p.max_new_tokens)
+
+    def _arrive(self, req: AnswerRequest, arrival_t: float) -> int | None:
+        """Count ``req`` as arrived (:meth:`PlanBands.arrive`) with its budget and decode length;
+        None when they are not valid (:meth:`prepare` then refuses it)."""
+        from foundation.errors import InvalidInput
+
+        try:
+            budget = check_budget(self.settings, req.ttft_budget_ms)
+            max_new = check_max_new_tokens(self.settings, req.max_new_tokens)
+        except InvalidInput:
+            return None
+        return self.bands.arrive(arrival_t, budget, max_new)
 
     def _check_reachable(self, p: Prepared, spent_ms: float, wait_ms: float, where: str) -> None:
         """Refuse ``p`` (``on_budget_miss == "reject"``) when k = 0's predicted p50 TTFT is over budget.
@@ -356,14 +451,20 @@ class AnswerPipeline:
         """
         arrival_t = arrival_t if arrival_t is not None else time.perf_counter()
         cancel = cancel or threading.Event()
-        prepared = self.prepare(req, arrival_t, auth_ms)
-        reject = (req.on_budget_miss or self.settings.on_budget_miss) == "reject"
-        self.metrics.queue_state(prepared.queue_depth, prepared.predicted_wait_ms)
-        if reject:
-            # On arrival: the time spent plus the least the wait can be (every answer ahead
-            # stopping at its first token); the exact check follows when the model is free.
-            self._check_reachable(prepared, prepared.timings_ms["overhead_ms"],
-                                  self.queue.min_wait_ms(), "arrival")
+        # Counted as arrived until it gets the model, so answers granted meanwhile leave it room.
+        arrival_key = self._arrive(req, arrival_t)
+        try:
+            prepared = self.prepare(req, arrival_t, auth_ms)
+            reject = (req.on_budget_miss or self.settings.on_budget_miss) == "reject"
+            self.metrics.queue_state(prepared.queue_depth, prepared.predicted_wait_ms)
+            if reject:
+                # On arrival: the time spent plus the least the wait can be (every answer ahead
+                # stopping at its first token); the exact check follows when the model is free.
+                self._check_reachable(prepared, prepared.timings_ms["overhead_ms"],
+                                      self.queue.min_wait_ms(), "arrival")
+        except BaseException:
+            self.bands.left(arrival_key)
+            raise
         gen = self.services.generator
         # A generator that batches answers (the local engine: generation.scheduler) says how
         # many it runs at once; any other runs one at a time.
@@ -386,23 +487,26 @@ class AnswerPipeline:
             try:
                 with self.bands.admit_lock:
                     if self.late_binding:
-                        prepared = self.bind(prepared)
+                        prepared = self.bind(prepared, arrival_key=arrival_key)
                         ticket.prefill_ms = self._ticket(prepared).prefill_ms
                     # The running batch this answer joins, for the correction to learn against.
                     joined = self._batched(prepared.profile, prepared.profile)
                     prepared = replace(prepared, granted_band=joined)
                     pending = self._expect_prefill(prepared)
+                    self.bands.left(arrival_key)  # now counted among the prefills granted
                 if reject:
                     self._check_reachable(prepared, prepared.plan.overhead_ms, 0.0, "granted")
                 # Before the first token, outside queue_ms and prefill_ms (inside ttft_ms).
                 receipt_id = self.receipts.open_journal(prepared, params, state)
             except BaseException:
                 self._submitted(pending)
+                self.bands.left(arrival_key)
                 slot.__exit__(None, None, None)  # type: ignore[union-attr]
                 raise
             state.granted_t = time.perf_counter()
             before_stats = gen.last_stats  # the previous answer's, once we hold the model
         except Cancelled:
+            self.bands.left(arrival_key)
             state.status = "cancelled"
             state.queue_ms = (time.perf_counter() - queued_t) * 1000.0  # waited, then left
             slot = None
@@ -450,6 +554,7 @@ class AnswerPipeline:
                                       message=str(exc))
         finally:
             self._submitted(pending)
+            self.bands.left(arrival_key)
             ON_SUBMIT.set(None)
             PREFILL_ORDER.set(None)
             if slot is not None:

@@ -15,6 +15,11 @@ is on. It keeps:
   :meth:`PlanBands.submitted`, :data:`generation.base.ON_SUBMIT`), and the lock under which
   the pipeline binds and registers an answer (:attr:`PlanBands.admit_lock`).
 
+* the requests that have arrived and are not yet granted the model (:meth:`PlanBands.arrive`,
+  :meth:`PlanBands.arrivals`): an answer planned now leaves them the prefill time they need
+  to answer at all (``AnswerPipeline.room_for_arrivals_plan``), priced behind it by
+  :meth:`PlanBands.behind`;
+
 * the machine's speed now, read from the local engine's latest timed steps against the
   profile's mixed-step model (:meth:`PlanBands.live_speed`,
   :func:`latency_model.step_model.machine_speed`): each answer is learned with the speed of
@@ -32,6 +37,8 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +58,18 @@ log = logging.getLogger("ragbudget.pipeline")
 #: correction then takes the speed of the newest answer it learned from).
 SPEED_STEPS = 32
 SPEED_HORIZON_S = 10.0
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A request that has arrived and is not yet granted the model: its ``key``
+    (:meth:`PlanBands.arrive`), ``arrival_t`` (``perf_counter`` seconds), TTFT ``budget_ms`` and
+    ``max_new_tokens``."""
+
+    key: int
+    arrival_t: float
+    budget_ms: float
+    max_new_tokens: int
 
 
 def _prefill_order(entry: Any) -> float:
@@ -105,6 +124,9 @@ class PlanBands:
         self._unsubmitted: dict[int, tuple[int, int, int, int | None]] = {}
         self._unsubmitted_lock = threading.Lock()
         self._unsubmitted_keys = itertools.count()
+        # Requests arrived and not yet granted the model (answers only, not advice), by key.
+        self._arrivals: dict[int, Arrival] = {}
+        self._arrival_keys = itertools.count()
 
     def planner_profile(self, profile: Profile) -> tuple[PrefillBand, CorrectionState | None]:
         """The profile plans use, and its online correction's state (None when off).
@@ -155,8 +177,49 @@ class PlanBands:
         got = machine_speed(fit, [(r.segments, r.logit_rows, r.ms) for r in steps])
         return got[0] if got is not None else None
 
-    def batched(self, band: PrefillBand, profile: Profile) -> PrefillBand:
-        """``band`` under the running batch's added step time, when there is one to model."""
+    def arrive(self, arrival_t: float, budget_ms: float, max_new_tokens: int) -> int:
+        """Count a request that will answer as arrived until it is granted the model; its key
+        (removed by :meth:`left`). ``arrival_t``: ``perf_counter`` seconds; ``budget_ms``: its
+        TTFT budget; ``max_new_tokens``: its decode length."""
+        with self._unsubmitted_lock:
+            key = next(self._arrival_keys)
+            self._arrivals[key] = Arrival(key, float(arrival_t), float(budget_ms), int(max_new_tokens))
+        return key
+
+    def left(self, key: int | None) -> None:
+        """Stop counting the arrival ``key`` (granted the model, refused or failed)."""
+        if key is not None:
+            with self._unsubmitted_lock:
+                self._arrivals.pop(key, None)
+
+    def arrivals(self, besides: int | None = None) -> list[Arrival]:
+        """The requests arrived and not yet granted the model, but ``besides``, oldest first."""
+        with self._unsubmitted_lock:
+            got = [a for k, a in self._arrivals.items() if k != besides]
+        return sorted(got, key=lambda a: (a.arrival_t, a.key))
+
+    def behind(self, profile: Profile, extra: Sequence[tuple[int, int, int, int | None]]
+               ) -> PrefillBand | None:
+        """The band of an answer that will prefill after ``extra`` (``(tokens to prefill, first
+        position, max new tokens, order)`` each, in that order), themselves after everything
+        the engine runs or was granted now: the running batch's band (:meth:`batched`) with
+        ``extra`` appended, under the online correction's batched group when that is on.
+        ``None`` without a step model or a batching engine (nothing to price it with)."""
+        from latency_model.step_model import BatchedBand
+
+        band = self.batched(profile, profile, extra)
+        if not isinstance(band, BatchedBand):
+            return None
+        if self._pipeline.online_correction:
+            use = bool(self._pipeline.live_speed)
+            return CorrectedProfile(band, self.corrections.get(profile.id),
+                                    self.live_speed(profile) if use else None, use, BATCHED)
+        return band
+
+    def batched(self, band: PrefillBand, profile: Profile,
+                extra: Sequence[tuple[int, int, int, int | None]] = ()) -> PrefillBand:
+        """``band`` under the running batch's added step time, when there is one to model;
+        ``extra``: prefills to count after those the engine runs or was granted (:meth:`behind`)."""
         from latency_model.step_model import BatchedBand
 
         generator = self._pipeline.services.generator
@@ -173,7 +236,7 @@ class PlanBands:
         # An entry the engine already shows is not counted twice (same order number).
         known = {e[3] for e in shown if len(e) > 3}
         prefilling = sorted([*shown, *(e for e in pending if e[3] is None or e[3] not in known)],
-                            key=_prefill_order)
+                            key=_prefill_order) + list(extra)
         if not decoding and not prefilling:
             return band
         budget = getattr(engine, "step_token_budget", None)

@@ -86,6 +86,11 @@ class Settings(BaseSettings):
     late_binding: bool = Field(True, description="Choose k when the request gets the model, from the "
                                "budget minus the time already spent (and plan on arrival with the "
                                "predicted wait); off: k is chosen on arrival, the wait unseen.")
+    room_for_arrivals: bool = Field(True, description="With late binding: an answer granted the "
+                                    "model takes no more chunks than leave every request already "
+                                    "arrived the prefill it needs to answer within its budget with "
+                                    "k = 0 (binding 'arrivals'); off: each answer plans as if no one "
+                                    "came after it.")
     online_correction: bool = Field(True, description="Correct the fitted profile's prefill "
                                     "prediction from measured prefills (latency_model.correction).")
     correction_window: int = Field(40, ge=1, le=10_000, description="Answers the online correction "

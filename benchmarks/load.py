@@ -7,9 +7,11 @@ on a loopback port; client threads post ``POST /v1/answer`` with
 each client asking again as soon as it has its answer; open loop with Poisson
 arrivals at two rates) x budget (800, 1500, 3000 ms) x new tokens (32, 64) x arm
 (``on``: late binding and online correction following the machine speed read from the
-engine's steps; ``on-answers``: the same, the correction learned from answers alone, live
-speed off; ``off``: late binding and correction switched off on the same pipeline), the
-arms of a cell (``--arms``, default ``on,off``) run one after the other. Per cell:
+engine's steps, and room left for requests that arrived meanwhile; ``on-answers``: the same,
+the correction learned from answers alone, live speed off; ``on-greedy``: ``on`` but each answer
+binds as if no one came after it (``room_for_arrivals`` off); ``off``: late binding and
+correction switched off on the same pipeline), the arms of a cell (``--arms``, default
+``on,off``) run one after the other. Per cell:
 share of answered requests within budget, share rejected fast (503
 ``budget_unreachable``), mean budget used (TTFT / budget, answered), TTFT
 p50/p95 and queue p95 (answered). Each answer is one line of ``--out`` (jsonl);
@@ -79,7 +81,8 @@ TOKENS = (32, 64)
 def _set_arm(pipeline: Any, arm: str) -> None:
     """Flip the pipeline's switches for ``arm`` (one of :data:`ARMS`)."""
     pipeline.late_binding = pipeline.online_correction = arm != "off"
-    pipeline.live_speed = arm == "on"
+    pipeline.live_speed = arm in ("on", "on-greedy")
+    pipeline.room_for_arrivals = arm in ("on", "on-answers")
 
 
 def _loads(rates: list[float]) -> list[str]:

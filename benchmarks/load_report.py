@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 #: The grid's arms (``benchmarks/load.py --arms``) and the ``--batching`` arms.
-ARMS = ("on", "on-answers", "off")
+ARMS = ("on", "on-answers", "on-greedy", "off")
 BATCH_ARMS = ("batched", "serial")
 
 

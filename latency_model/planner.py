@@ -24,7 +24,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from foundation.errors import InvalidInput
 
-BINDINGS = ("budget", "context_window", "candidates_exhausted", "nothing_fits")
+BINDINGS = ("budget", "context_window", "candidates_exhausted", "nothing_fits", "arrivals")
 
 
 class PrefillBand(Protocol):

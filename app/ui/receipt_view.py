@@ -25,6 +25,8 @@ BINDING_TEXT = {
     "context_window": "the context window binds: one more chunk would not fit with the answer's tokens",
     "candidates_exhausted": "every retrieved candidate fits: the number of candidates K binds",
     "nothing_fits": "nothing fits: even the prompt without chunks exceeds the budget at p95",
+    "arrivals": "requests that arrived meanwhile bind: one more chunk would leave one of them "
+                "too little prefill time to answer within its budget",
 }
 
 
