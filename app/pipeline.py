@@ -328,18 +328,20 @@ class AnswerPipeline:
         rows, scaffold = plan.rows, int(p.full_prompt.scaffold_len)
         own0 = rows[0]
 
-        def miss(k: int, counted: list[Any]) -> list[Any] | None:
-            """The counted arrivals that miss with this answer at ``k`` (None: cannot price)."""
+        price = self.bands.behind(p.profile)
+        if price is None:
+            return plan
+
+        def miss(k: int, counted: list[Any]) -> list[Any]:
+            """The counted arrivals that miss with this answer at ``k``."""
+            assert price is not None
             row = rows[k]
             extra: list[tuple[int, int, int, int | None]] = [
                 (row.computed_tokens, row.cached_tokens, p.max_new_tokens, None)]
             missed = []
             for r in counted:
-                band = self.bands.behind(p.profile, extra)
-                if band is None:
-                    return None
-                p95 = float(band.predict_ttft_many([own0.prompt_tokens], [own0.cached_tokens],
-                                                   [scaffold])[1][0])
+                p95 = float(price(extra).predict_ttft_many([own0.prompt_tokens], [own0.cached_tokens],
+                                                           [scaffold])[1][0])
                 if max((now_t - r.arrival_t) * 1000.0, spent_ms) + p95 > r.budget_ms:
                     missed.append(r)
                 extra.append((own0.computed_tokens, own0.cached_tokens, r.max_new_tokens, None))
@@ -348,15 +350,10 @@ class AnswerPipeline:
         counted = list(others)
         while counted:  # drop those k = 0 cannot save; dropping one only helps the rest
             lost = miss(0, counted)
-            if lost is None:
-                return plan
             if not lost:
                 break
             counted = [r for r in counted if r not in lost]
-        if not counted:
-            return plan
-        top = miss(k_max, counted)
-        if top is not None and not top:
+        if not counted or not miss(k_max, counted):
             return plan
         lo, hi = 0, k_max  # lo fits, hi does not
         while hi - lo > 1:

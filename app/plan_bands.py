@@ -37,7 +37,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +58,11 @@ log = logging.getLogger("ragbudget.pipeline")
 #: correction then takes the speed of the newest answer it learned from).
 SPEED_STEPS = 32
 SPEED_HORIZON_S = 10.0
+
+
+#: A prefill as the batch model takes it: (tokens to prefill, first position, max new tokens,
+#: engine prefill order or None).
+Entry = tuple[int, int, int, int | None]
 
 
 @dataclass(frozen=True)
@@ -198,36 +203,45 @@ class PlanBands:
             got = [a for k, a in self._arrivals.items() if k != besides]
         return sorted(got, key=lambda a: (a.arrival_t, a.key))
 
-    def behind(self, profile: Profile, extra: Sequence[tuple[int, int, int, int | None]]
-               ) -> PrefillBand | None:
-        """The band of an answer that will prefill after ``extra`` (``(tokens to prefill, first
-        position, max new tokens, order)`` each, in that order), themselves after everything
-        the engine runs or was granted now: the running batch's band (:meth:`batched`) with
-        ``extra`` appended, under the online correction's batched group when that is on.
-        ``None`` without a step model or a batching engine (nothing to price it with)."""
+    def behind(self, profile: Profile) -> Callable[[Sequence[Entry]], PrefillBand] | None:
+        """A pricer for answers that will prefill after everything the engine runs or was
+        granted now: called with ``extra`` (``(tokens to prefill, first position, max new
+        tokens, order)`` each, in the order they will prefill), it returns the band of an answer
+        behind them all (the running batch's band, :meth:`batched`, with ``extra`` appended),
+        under the online correction's batched group when that is on. The engine's batch, the
+        answers granted and the machine speed are read once, when the pricer is made, so
+        pricing many candidates costs one snapshot. ``None`` without a step model or a
+        batching engine (nothing to price it with)."""
         from latency_model.step_model import BatchedBand
 
-        band = self.batched(profile, profile, extra)
-        if not isinstance(band, BatchedBand):
+        now = self._batch_now(profile)
+        if now is None:
             return None
+        fit, chunk, decoding, prefilling, budget = now
+        wrap: Callable[[PrefillBand], PrefillBand] = lambda band: band  # noqa: E731
         if self._pipeline.online_correction:
             use = bool(self._pipeline.live_speed)
-            return CorrectedProfile(band, self.corrections.get(profile.id),
-                                    self.live_speed(profile) if use else None, use, BATCHED)
-        return band
+            correction = self.corrections.get(profile.id)
+            speed = self.live_speed(profile) if use else None
 
-    def batched(self, band: PrefillBand, profile: Profile,
-                extra: Sequence[tuple[int, int, int, int | None]] = ()) -> PrefillBand:
-        """``band`` under the running batch's added step time, when there is one to model;
-        ``extra``: prefills to count after those the engine runs or was granted (:meth:`behind`)."""
-        from latency_model.step_model import BatchedBand
+            def wrap(band: PrefillBand) -> PrefillBand:
+                return CorrectedProfile(band, correction, speed, use, BATCHED)
 
+        def price(extra: Sequence[Entry]) -> PrefillBand:
+            return wrap(BatchedBand(profile, fit, chunk, decoding, [*prefilling, *extra], budget))
+
+        return price
+
+    def _batch_now(self, profile: Profile) -> tuple[Any, int, list[Any], list[Any], int | None] | None:
+        """``(step fit, prefill chunk, decoders, prefills in the engine's order, step token
+        budget)`` as the engine and the answers granted stand now; None without a step model
+        or a batching engine."""
         generator = self._pipeline.services.generator
         engine = getattr(generator, "engine", None)
         chunk = getattr(generator, "prefill_chunk", None)
         fit = getattr(profile, "step_fit", None)
         if fit is None or engine is None or not hasattr(engine, "batch_snapshot") or not chunk:
-            return band
+            return None
         decoding, shown = engine.batch_snapshot()
         with self._unsubmitted_lock:
             pending = list(self._unsubmitted.values())
@@ -236,12 +250,21 @@ class PlanBands:
         # An entry the engine already shows is not counted twice (same order number).
         known = {e[3] for e in shown if len(e) > 3}
         prefilling = sorted([*shown, *(e for e in pending if e[3] is None or e[3] not in known)],
-                            key=_prefill_order) + list(extra)
+                            key=_prefill_order)
+        budget = getattr(engine, "step_token_budget", None)
+        return fit, int(chunk), list(decoding), prefilling, int(budget) if isinstance(budget, int) else None
+
+    def batched(self, band: PrefillBand, profile: Profile) -> PrefillBand:
+        """``band`` under the running batch's added step time, when there is one to model."""
+        from latency_model.step_model import BatchedBand
+
+        now = self._batch_now(profile)
+        if now is None:
+            return band
+        fit, chunk, decoding, prefilling, budget = now
         if not decoding and not prefilling:
             return band
-        budget = getattr(engine, "step_token_budget", None)
-        return BatchedBand(band, fit, int(chunk), decoding, prefilling,
-                           int(budget) if isinstance(budget, int) else None)
+        return BatchedBand(band, fit, chunk, decoding, prefilling, budget)
 
     def expect_prefill(self, p: Prepared) -> int:
         """Count ``p``'s prefill as ahead of later answers until the engine shows it; its key.
