@@ -234,7 +234,10 @@ def grid(args: argparse.Namespace) -> int:
     # Token counts outermost, then budgets (1500 first), loads innermost: a run cut short still
     # holds every load at the budgets it reached.
     budgets = sorted(BUDGETS, key=lambda b: (b != 1500.0, b))
-    cells = [(load, b, t) for t in TOKENS for b in budgets for load in _loads(rates)]
+    cells = [(load, b, t) for t in TOKENS for b in budgets for load in _loads(rates)
+             if (not args.loads or load in args.loads.split(","))
+             and (not args.budgets or b in [float(x) for x in args.budgets.split(",")])
+             and (not args.tokens_only or t in [int(x) for x in args.tokens_only.split(",")])]
     rng = random.Random(args.seed)
     with out.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(_header(services, app)) + "\n")
@@ -498,6 +501,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", default="0.3,0.6", help="Poisson arrival rates, requests/s")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arms", default="on,off", help=f"grid: the arms to run, from {','.join(ARMS)}")
+    ap.add_argument("--loads", default="", help="grid: only these loads, comma-separated (e.g. "
+                    "closed-2,closed-4); default all")
+    ap.add_argument("--budgets", default="", help="grid: only these budgets (ms), comma-separated")
+    ap.add_argument("--tokens-only", default="", help="grid: only these new-token counts, comma-separated")
     ap.add_argument("--report", action="store_true", help="print the table of --out and exit")
     ap.add_argument("--grid-warmup", type=int, default=0,
                     help="grid: answers before the first cell (closed loop, 1 client, 3000 ms), so the "
