@@ -283,7 +283,7 @@ class AnswerPipeline:
         rebuilt for the chosen k. The retrieval and candidate list are those of arrival.
         The time this takes is added to ``planning_ms``. With ``room_for_arrivals`` the k is
         capped so the requests arrived meanwhile (all but ``arrival_key``, this request's own
-        :meth:`PlanBands.arrive` key) keep room to answer (:meth:`room_for_arrivals`).
+        :meth:`PlanBands.arrive` key) keep room to answer (:meth:`room_for_arrivals_plan`).
         """
         t0 = time.perf_counter()
         now_t = now_t if now_t is not None else t0
