@@ -218,17 +218,14 @@ class PlanBands:
         if now is None:
             return None
         fit, chunk, decoding, prefilling, budget = now
-        wrap: Callable[[PrefillBand], PrefillBand] = lambda band: band  # noqa: E731
-        if self._pipeline.online_correction:
-            use = bool(self._pipeline.live_speed)
-            correction = self.corrections.get(profile.id)
-            speed = self.live_speed(profile) if use else None
-
-            def wrap(band: PrefillBand) -> PrefillBand:
-                return CorrectedProfile(band, correction, speed, use, BATCHED)
+        on = bool(self._pipeline.online_correction)
+        use = bool(self._pipeline.live_speed)
+        correction = self.corrections.get(profile.id) if on else None
+        speed = self.live_speed(profile) if on and use else None
 
         def price(extra: Sequence[Entry]) -> PrefillBand:
-            return wrap(BatchedBand(profile, fit, chunk, decoding, [*prefilling, *extra], budget))
+            band = BatchedBand(profile, fit, chunk, decoding, [*prefilling, *extra], budget)
+            return band if correction is None else CorrectedProfile(band, correction, speed, use, BATCHED)
 
         return price
 
