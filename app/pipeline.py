@@ -28,7 +28,7 @@ that has already arrived and not yet got the model. Bound alone, the first of
 several requests arriving together takes the whole budget's worth of chunks and
 leaves the others too little time to answer even with k = 0 (on the load grid:
 two clients in lockstep, the second always at k = 0 near its budget; four, the
-other three refused fast over and over). :meth:`AnswerPipeline.room_for_arrivals_plan`
+other three refused fast over and over). :meth:`app.plan_bands.PlanBands.room_for_arrivals`
 caps k at the largest that still lets each of them, priced behind it at p95 with
 k = 0 and the time it has already spent, answer within its own budget (binding
 ``arrivals``); a request that could not make it even then is not counted.
@@ -283,7 +283,7 @@ class AnswerPipeline:
         rebuilt for the chosen k. The retrieval and candidate list are those of arrival.
         The time this takes is added to ``planning_ms``. With ``room_for_arrivals`` the k is
         capped so the requests arrived meanwhile (all but ``arrival_key``, this request's own
-        :meth:`PlanBands.arrive` key) keep room to answer (:meth:`room_for_arrivals_plan`).
+        :meth:`PlanBands.arrive` key) keep room to answer (:meth:`PlanBands.room_for_arrivals`).
         """
         t0 = time.perf_counter()
         now_t = now_t if now_t is not None else t0
@@ -292,7 +292,7 @@ class AnswerPipeline:
         plan = self._plan(p.full_prompt, p.scaffold_cached, p.budget_ms, p.max_new_tokens,
                           planner_profile, spent_ms)
         if self.room_for_arrivals:
-            plan = self.room_for_arrivals_plan(plan, p, spent_ms, now_t, arrival_key)
+            plan = self.bands.room_for_arrivals(plan, p, spent_ms, now_t, arrival_key)
         prompt = p.prompt
         k = plan.chosen_k if plan.chosen_k is not None else 0
         if k != (p.plan.chosen_k or 0):
@@ -304,69 +304,6 @@ class AnswerPipeline:
         timings["planning_ms"] = timings.get("planning_ms", 0.0) + (time.perf_counter() - t0) * 1000.0
         return replace(p, plan=plan, prompt=prompt, planner_profile=planner_profile,
                        correction=correction, late_bound=True, timings_ms=timings)
-
-    def room_for_arrivals_plan(self, plan: Plan, p: Prepared, spent_ms: float, now_t: float,
-                               arrival_key: int | None) -> Plan:
-        """``plan`` with k capped so every request arrived and not yet granted keeps room to answer.
-
-        Each such request ``r`` (:meth:`PlanBands.arrivals`, oldest first, ``arrival_key``
-        excluded) will prefill after this answer and after the ones before it. Its TTFT with
-        k = 0 is predicted as ``spent_r + p95_r``: ``spent_r`` the larger of the time since it
-        arrived and this answer's own ``spent_ms`` (it still has retrieval and planning ahead);
-        ``p95_r`` its prefill at p95 behind this answer's chosen prompt and the others before
-        it (:meth:`PlanBands.behind`; its prompt taken as long as this answer's k = 0 prompt,
-        each before it at k = 0). The chosen k is the largest (binary search; predictions grow
-        with k) at which every counted ``r`` fits its budget; ``r`` that would not fit even with
-        this answer at k = 0 are not counted (nothing this plan does saves them). Unchanged
-        when nothing is waiting, k is already 0 or None, or there is no batching engine with
-        a step model to price it; else binding ``arrivals``.
-        """
-        k_max = plan.chosen_k
-        others = self.bands.arrivals(besides=arrival_key)
-        if not others or not k_max:
-            return plan
-        rows, scaffold = plan.rows, int(p.full_prompt.scaffold_len)
-        own0 = rows[0]
-
-        price = self.bands.behind(p.profile)
-        if price is None:
-            return plan
-
-        def miss(k: int, counted: list[Any]) -> list[Any]:
-            """The counted arrivals that miss with this answer at ``k``."""
-            assert price is not None
-            row = rows[k]
-            extra: list[tuple[int, int, int, int | None]] = [
-                (row.computed_tokens, row.cached_tokens, p.max_new_tokens, None)]
-            missed = []
-            for r in counted:
-                p95 = float(price(extra).predict_ttft_many([own0.prompt_tokens], [own0.cached_tokens],
-                                                           [scaffold])[1][0])
-                if max((now_t - r.arrival_t) * 1000.0, spent_ms) + p95 > r.budget_ms:
-                    missed.append(r)
-                extra.append((own0.computed_tokens, own0.cached_tokens, r.max_new_tokens, None))
-            return missed
-
-        counted = list(others)
-        while counted:  # drop those k = 0 cannot save; dropping one only helps the rest
-            lost = miss(0, counted)
-            if not lost:
-                break
-            counted = [r for r in counted if r not in lost]
-        if not counted or not miss(k_max, counted):
-            return plan
-        lo, hi = 0, k_max  # lo fits, hi does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if miss(mid, counted):
-                hi = mid
-            else:
-                lo = mid
-        n = len(counted)
-        return replace(plan, chosen_k=lo, binding="arrivals",
-                       message=(f"k={lo}: one more chunk would leave {'one of the ' if n > 1 else 'the '}"
-                                f"{n} request{'s' if n > 1 else ''} that arrived meanwhile too little "
-                                f"prefill time to answer within {'its' if n == 1 else 'their'} budget"))
 
     def _ticket(self, p: Prepared) -> Ticket:
         """``p``'s predicted time on the model for the queue: the planned prompt's prefill p50

@@ -59,7 +59,7 @@ def test_the_first_of_two_arrivals_leaves_the_second_room(step_profile: Profile)
     now = time.perf_counter()
     own = pipe.bands.arrive(now, budget, MAX_NEW)
     other = pipe.bands.arrive(now, budget, MAX_NEW)
-    shared = pipe.room_for_arrivals_plan(greedy, _prepared(step_profile), 0.0, now, own)
+    shared = pipe.bands.room_for_arrivals(greedy, _prepared(step_profile), 0.0, now, own)
     k = shared.chosen_k
     assert k is not None and 0 < k < greedy.chosen_k
     assert shared.binding == "arrivals" and "arrivals" in BINDINGS
@@ -69,7 +69,7 @@ def test_the_first_of_two_arrivals_leaves_the_second_room(step_profile: Profile)
     assert shared.rows == greedy.rows  # the table is the answer's own; only the choice moves
     # Once the other request has left (granted, refused or failed), nothing holds the plan back.
     pipe.bands.left(other)
-    assert pipe.room_for_arrivals_plan(greedy, _prepared(step_profile), 0.0, now, own) is greedy
+    assert pipe.bands.room_for_arrivals(greedy, _prepared(step_profile), 0.0, now, own) is greedy
     pipe.bands.left(own)
     assert pipe.bands.arrivals() == []
 
@@ -82,7 +82,7 @@ def test_more_arrivals_leave_no_larger_k(step_profile: Profile) -> None:
     ks = []
     for n in (1, 2, 3):
         keys = [pipe.bands.arrive(now, budget, MAX_NEW) for _ in range(n)]
-        ks.append(pipe.room_for_arrivals_plan(greedy, _prepared(step_profile), 0.0, now, None).chosen_k)
+        ks.append(pipe.bands.room_for_arrivals(greedy, _prepared(step_profile), 0.0, now, None).chosen_k)
         for key in keys:
             pipe.bands.left(key)
     assert ks[0] is not None and greedy.chosen_k is not None
@@ -96,7 +96,7 @@ def test_an_arrival_nothing_can_save_does_not_count(step_profile: Profile) -> No
     greedy = _plan(step_profile, budget)
     now = time.perf_counter()
     pipe.bands.arrive(now - budget / 1000.0, budget, MAX_NEW)
-    assert pipe.room_for_arrivals_plan(greedy, _prepared(step_profile), 0.0, now, None) is greedy
+    assert pipe.bands.room_for_arrivals(greedy, _prepared(step_profile), 0.0, now, None) is greedy
 
 
 def test_without_a_step_model_the_plan_is_unchanged(step_profile: Profile) -> None:
@@ -108,7 +108,7 @@ def test_without_a_step_model_the_plan_is_unchanged(step_profile: Profile) -> No
     greedy = _plan(plain, budget)
     now = time.perf_counter()
     pipe.bands.arrive(now, budget, MAX_NEW)
-    assert pipe.room_for_arrivals_plan(greedy, _prepared(plain), 0.0, now, None) is greedy
+    assert pipe.bands.room_for_arrivals(greedy, _prepared(plain), 0.0, now, None) is greedy
 
 
 def test_under_the_correction_the_arrival_is_priced_behind_the_batch_and_the_answer(
