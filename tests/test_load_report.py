@@ -1,0 +1,29 @@
+"""The load benchmark's report arithmetic: exact binomial tails and the expected short cells."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks.load_report import binomial_tail, short_cell_odds
+
+
+def test_binomial_tail_against_closed_forms() -> None:
+    assert binomial_tail(20, 0, 0.05) == pytest.approx(1.0)
+    assert binomial_tail(20, 1, 0.05) == pytest.approx(1.0 - 0.95 ** 20)
+    assert binomial_tail(20, 2, 0.05) == pytest.approx(1.0 - 0.95 ** 20 - 20 * 0.05 * 0.95 ** 19)
+    assert binomial_tail(20, 21, 0.05) == 0.0
+    assert binomial_tail(3, 3, 0.5) == pytest.approx(0.125)
+    with pytest.raises(ValueError):
+        binomial_tail(5, 1, 1.5)
+
+
+def test_short_cells_expected_at_exactly_95_percent() -> None:
+    # 20 answers a cell allow one miss; two or more leave it short: 1 - P(0) - P(1).
+    per_cell = 1.0 - 0.95 ** 20 - 20 * 0.05 * 0.95 ** 19
+    assert short_cell_odds([20] * 30) == pytest.approx(30 * per_cell)
+    assert 7.5 < short_cell_odds([20] * 30) < 8.5
+    # 19 answers allow no miss (0.95 x 19 = 18.05 within needed): short as soon as one misses.
+    assert short_cell_odds([19]) == pytest.approx(1.0 - 0.95 ** 19)
+    assert math.isclose(short_cell_odds([]), 0.0)
