@@ -29,8 +29,9 @@ ROOT = HERE.parent
 # This file's name equals the package's: keep the benchmarks folder off the import path.
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
-from latency_model.calibration import calibrate, full_grid, quick_grid  # noqa: E402
+from latency_model.calibration import calibrate  # noqa: E402
 from latency_model.fitting import coverage, leave_one_group_out, mape  # noqa: E402
+from latency_model.grid import full_grid, quick_grid  # noqa: E402
 from latency_model.predictors import PREFILL_MODELS  # noqa: E402
 from latency_model.profile import Profile  # noqa: E402
 from latency_model.roofline import build_prior  # noqa: E402

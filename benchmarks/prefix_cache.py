@@ -8,7 +8,7 @@ median of ``--repeats`` interleaved runs. The predicted saving is
 ``p50(n, 0) - p50(n, scaffold)`` from ``--profile`` (a saved profile JSON) or,
 without one, the roofline prior (labelled ``prior``); ``-`` when neither loads.
 
-    python benchmarks/prefix_cache.py --threads 1 --repeats 3
+    python -m benchmarks.prefix_cache --threads 1 --repeats 3
 
 ``--engine`` measures the engine path instead, through ``LocalGenerator.prefill_ms``
 (one answer alone, cache copy + chunked prefill + first token): at each prompt
@@ -22,10 +22,10 @@ the saving is the median of the paired differences, and again read step by step
 identical later steps left out, so their repeat noise does not drown the saving). The predicted
 saving is ``p50(n, 0, prefix=P) - p50(n, P)`` from ``--profile``, or from a quick
 calibration run in the same process first (``--calibrate``: the same
-``latency_model.calibration.calibrate`` on the same ``quick_grid`` as
+``latency_model.calibration.calibrate`` on the same ``latency_model.grid.quick_grid`` as
 ``ragbudget calibrate --quick``, scaffold ``P``; ``--save-profile`` keeps it).
 
-    python benchmarks/prefix_cache.py --engine --calibrate --repeats 5 --json out.json
+    python -m benchmarks.prefix_cache --engine --calibrate --repeats 5 --json out.json
 """
 
 from __future__ import annotations
@@ -174,7 +174,8 @@ def engine_main(args: argparse.Namespace, gen: LocalGenerator, builder: PromptBu
     if args.profile:
         model, source = predictor(args, gen)
     elif args.calibrate:
-        from latency_model.calibration import calibrate, engine_chunk_tokens, quick_grid
+        from latency_model.calibration import calibrate
+        from latency_model.grid import engine_chunk_tokens, quick_grid
 
         grid = quick_grid(gen.context_window, [scaffold], engine_chunk_tokens(dict(gen.identity)))
         t0 = time.perf_counter()

@@ -121,13 +121,8 @@ def calibrate_profile(services: Any, *, quick: bool, seed: int = 0, cached_token
         InvalidConfig: the generator cannot be timed (no ``prefill_ms``/``decode_step_ms``).
     """
     from app.profile_store import save_profile
-    from latency_model.calibration import (
-        PrefillTimer,
-        calibrate,
-        engine_chunk_tokens,
-        full_grid,
-        quick_grid,
-    )
+    from latency_model.calibration import PrefillTimer, calibrate
+    from latency_model.grid import engine_chunk_tokens, full_grid, quick_grid
 
     timer = services.generator
     if not isinstance(timer, PrefillTimer):
@@ -145,7 +140,7 @@ def calibrate_profile(services: Any, *, quick: bool, seed: int = 0, cached_token
 def _print_estimate(services: Any, timer: Any, grid: Any, seed: int, progress: bool) -> None:
     """Tell stderr how long the grid should take, when a fitted profile of this generator exists."""
     from app.profile_store import find_profile, key_of
-    from latency_model.calibration import estimate_seconds
+    from latency_model.grid import estimate_seconds
 
     previous = find_profile(services.engine, key_of(dict(timer.identity)), "fitted")
     if previous is not None and progress:

@@ -22,7 +22,8 @@ from app.auth import ROLES, create_key, revoke_key
 from app.profile_store import save_profile
 from app.services import Services
 from app.settings import Settings, get_settings
-from latency_model.calibration import calibrate, quick_grid
+from latency_model.calibration import calibrate
+from latency_model.grid import quick_grid
 from latency_model.profile import Profile
 from tests.api.fakes import CharTokenizer, EchoGenerator
 from tests.latency_model.conftest import FakeTimer, no_cpu_probe

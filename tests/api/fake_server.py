@@ -16,7 +16,8 @@ from typing import Any
 
 from app.api.app import create_app
 from app.cli.serve_cmds import run_server
-from latency_model.calibration import calibrate, quick_grid
+from latency_model.calibration import calibrate
+from latency_model.grid import quick_grid
 from tests.api.conftest import SENTINEL, api_settings, make_services
 from tests.api.fakes import CharTokenizer, EchoGenerator
 from tests.latency_model.conftest import FakeTimer

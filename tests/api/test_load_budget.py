@@ -21,7 +21,7 @@ import pytest
 
 from app.profile_store import save_profile
 from foundation.db import read_session
-from latency_model.calibration import calibrate, quick_grid
+from latency_model.calibration import calibrate
 from latency_model.correction import (
     ALONE,
     BATCHED,
@@ -30,6 +30,7 @@ from latency_model.correction import (
     CorrectionRegistry,
     OnlineCorrection,
 )
+from latency_model.grid import quick_grid
 from receipts.models import ReceiptRow
 from tests.api.conftest import KeyedApp, api_settings, start_keyed_app
 from tests.api.fakes import CharTokenizer, StepGenerator

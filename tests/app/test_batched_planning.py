@@ -10,7 +10,8 @@ import pytest
 
 from app.pipeline import AnswerPipeline
 from generation.scheduler import StepRecord
-from latency_model.calibration import calibrate, quick_grid
+from latency_model.calibration import calibrate
+from latency_model.grid import quick_grid
 from latency_model.profile import Profile
 from latency_model.step_model import BatchedBand, StepShape
 from tests.latency_model.conftest import no_cpu_probe

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from latency_model.calibration import calibrate, quick_grid
+from latency_model.calibration import calibrate
+from latency_model.grid import quick_grid
 from latency_model.planner import BINDINGS, Plan
 from latency_model.planner import plan as make_plan
 from latency_model.profile import Profile

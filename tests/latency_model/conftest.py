@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from latency_model.calibration import calibrate, quick_grid
+from latency_model.calibration import calibrate
+from latency_model.grid import quick_grid
 from latency_model.profile import Profile
 
 TRUE_PREFILL = {"a": 12.0, "b": 0.9, "g": 2.5e-5}

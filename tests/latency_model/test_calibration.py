@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from foundation.errors import BackendError, InvalidInput
-from latency_model.calibration import PrefillTimer, calibrate, full_grid, quick_grid, schedule
+from latency_model.calibration import PrefillTimer, calibrate
+from latency_model.grid import full_grid, quick_grid, schedule
 from latency_model.profile import Profile
 from tests.latency_model.conftest import TRUE_PREFILL, FakeTimer, no_cpu_probe
 
@@ -176,7 +177,7 @@ def test_contended_threshold_scales_with_call_length() -> None:
 
 
 def test_duration_estimate_adds_up_the_predicted_calls(fitted_profile: Profile) -> None:
-    from latency_model.calibration import estimate_seconds
+    from latency_model.grid import estimate_seconds
 
     quick, full = quick_grid(8192, [200]), full_grid(8192, [200])
     est_quick = estimate_seconds(quick, fitted_profile)
@@ -188,7 +189,8 @@ def test_duration_estimate_adds_up_the_predicted_calls(fitted_profile: Profile) 
 
 def test_a_remote_engines_profile_is_found_under_the_key_of_its_identity() -> None:
     from app.profile_store import key_of
-    from latency_model.calibration import calibrate, quick_grid
+    from latency_model.calibration import calibrate
+    from latency_model.grid import quick_grid
     from tests.latency_model.conftest import IDENTITY, FakeTimer
 
     remote = {**IDENTITY, "backend": "remote", "device": "remote", "device_name": "remote: http://x/v1",
@@ -199,7 +201,8 @@ def test_a_remote_engines_profile_is_found_under_the_key_of_its_identity() -> No
 
 def test_a_remote_engine_is_never_judged_contended_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     import latency_model.calibration as cal
-    from latency_model.calibration import calibrate, quick_grid
+    from latency_model.calibration import calibrate
+    from latency_model.grid import quick_grid
     from tests.latency_model.conftest import IDENTITY, FakeTimer
 
     monkeypatch.setattr(cal, "contended", lambda *a: True)  # every call would look contended

@@ -126,7 +126,8 @@ def test_api_requires_a_key(client: tuple[TestClient, str]) -> None:
 @pytest.fixture(scope="module")
 def step_profile() -> Profile:
     """A profile with a mixed-step model and a ``chunked`` prefill form (fake step timer)."""
-    from latency_model.calibration import calibrate, quick_grid
+    from latency_model.calibration import calibrate
+    from latency_model.grid import quick_grid
     from tests.latency_model.conftest import no_cpu_probe
     from tests.latency_model.test_step_model import FakeStepTimer
 

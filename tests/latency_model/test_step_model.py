@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from foundation.errors import InvalidInput
-from latency_model.calibration import StepTimer, calibrate, quick_grid, step_design
+from latency_model.calibration import StepTimer, calibrate
+from latency_model.grid import quick_grid, step_design
 from latency_model.profile import Profile
 from latency_model.step_model import (
     BatchedBand,

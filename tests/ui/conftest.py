@@ -15,7 +15,8 @@ from tests.ui.world import ConsoleWorld, build_world
 @pytest.fixture(scope="session")
 def ui_profile() -> Profile:
     """A profile fitted on the fake timer, keyed to the fake generator (as ``tests.api``'s)."""
-    from latency_model.calibration import calibrate, quick_grid
+    from latency_model.calibration import calibrate
+    from latency_model.grid import quick_grid
     from tests.latency_model.conftest import FakeTimer, no_cpu_probe
 
     return calibrate(FakeTimer(), grid=quick_grid(8192, [200]), seed=3, progress=False,
