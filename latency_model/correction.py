@@ -55,9 +55,16 @@ two bounded terms on top of the fitted profile, which itself is never changed:
   measured TTFT, alone or not, where the fitted spread was 1.18-1.25x. Each group keeps its
   own ``window`` newest answers, so a busy spell does not push the answers alone out.
 
-Until ``min_samples`` answers have been seen the fitted prediction is used
-unchanged (factor 1). A new calibration is a new profile id and starts a fresh
-correction (:class:`CorrectionRegistry`); so does :meth:`OnlineCorrection.reset`.
+Until ``min_samples`` answers have been seen there is nothing to learn a factor
+from: the fitted prediction is used unchanged (factor 1), unless the machine speed
+read now is above 1 (the engine's steps run slower than at calibration, where the
+profile and the step model were fitted together); then the fitted p50 and p95 are
+both scaled by that speed (factor = speed, clamped to ``max_factor``). A speed
+below 1 is not applied before answers confirm it: a faster machine only costs budget
+left unused, a slower one misses. The first answers after a calibration on a machine
+that has since got busier are thus planned against the machine as it is. A new
+calibration is a new profile id and starts a fresh correction
+(:class:`CorrectionRegistry`); so does :meth:`OnlineCorrection.reset`.
 """
 
 from __future__ import annotations
@@ -236,10 +243,11 @@ class OnlineCorrection:
         read; then the newest stored answer's speed stands for it, as the machine last
         seen). The factor follows it when at least ``min_samples`` stored answers carry a
         speed; otherwise, or with ``use_speed`` False, it is the plain median of
-        ``measured / predicted``. ``group``: the plan's group (:data:`ALONE`,
-        :data:`BATCHED`); its own answers set the factor and multiplier once it holds
-        :data:`GROUP_MIN` of them, else (and with ``None``) the pooled window does: the newest
-        ``window`` answers of every group.
+        ``measured / predicted``. With fewer than ``min_samples`` answers a ``speed_now``
+        above 1 alone is the factor (the stored speeds are not read then). ``group``: the
+        plan's group (:data:`ALONE`, :data:`BATCHED`); its own answers set the factor and
+        multiplier once it holds :data:`GROUP_MIN` of them, else (and with ``None``) the pooled
+        window does: the newest ``window`` answers of every group.
         """
         group = _good_group(group)
         with self._lock:
@@ -249,6 +257,13 @@ class OnlineCorrection:
         n = len(pooled)
         coverage = sum(1 for pair in pooled if pair[2]) / n if n else None
         if n < self.min_samples:
+            early = _good_speed(speed_now) if use_speed else None
+            if early is not None and early > 1.0:
+                # No answers yet to learn from, but the engine's steps say the machine is slower
+                # than at calibration: scale the fitted band by that speed (see the docstring).
+                factor = float(min(early, self.max_factor))
+                return CorrectionState(self.profile_id, factor, None, n, self.window, True, coverage,
+                                       speed=early, max_score=1.0)
             return CorrectionState(self.profile_id, 1.0, None, n, self.window, False, coverage)
         used_group = group if len(own) >= GROUP_MIN else None
         pairs = own if used_group is not None else pooled

@@ -265,6 +265,30 @@ def test_online_correction_is_bounded() -> None:
     assert c.state().n == 0 and c.state().factor == 1.0
 
 
+def test_before_enough_answers_a_slower_machine_speed_scales_the_fitted_band() -> None:
+    """With fewer than min_samples answers, a machine speed above 1 read from the engine's
+    steps scales the fitted p50 and p95 by it (bounded); a speed of 1 or below, no speed, or
+    the speed switch off leave the fitted band as it is."""
+    c = OnlineCorrection("p", window=40, min_samples=5, max_factor=4.0)
+    st = c.state(1.5)
+    assert st.active and st.factor == pytest.approx(1.5) and st.speed == pytest.approx(1.5)
+    assert st.n == 0 and st.p95_multiplier is None
+    p50, p95 = c.apply([100.0, 200.0], [130.0, 260.0], st)
+    assert list(p50) == pytest.approx([150.0, 300.0]) and list(p95) == pytest.approx([195.0, 390.0])
+    assert c.state(9.0).factor == 4.0  # bounded like any factor
+    for quiet in (1.0, 0.7, None, float("nan")):
+        off = c.state(quiet)
+        assert not off.active and off.factor == 1.0 and off.speed is None
+        assert c.apply([100.0], [130.0], off)[1][0] == 130.0
+    assert not c.state(1.5, use_speed=False).active
+    for _ in range(4):
+        c.observe(100.0, 100.0, speed=1.5)
+    assert c.state(2.0).factor == pytest.approx(2.0)  # 4 answers: still the speed alone
+    c.observe(100.0, 100.0, speed=1.5)
+    # From the fifth answer the window's speed-normalised median (1/1.5) is learned.
+    assert c.state(2.0).factor == pytest.approx(2.0 / 1.5)
+
+
 def test_conformal_multiplier_covers_the_window() -> None:
     c = OnlineCorrection("p", window=40, min_samples=5)
     ratios = [1.0 + 0.02 * i for i in range(40)]  # 1.00 .. 1.78

@@ -245,3 +245,23 @@ def test_answers_ahead_are_in_the_order_they_were_planned(step_profile: Profile)
     assert isinstance(band, BatchedBand) and band.prefills_ahead == [(517, 83, 32), (23, 83, 32)]
     pipe._submitted(key)
     assert pipe.bands.order_of(key) is None
+
+
+def test_before_any_answer_a_slower_machine_speed_scales_the_plan(step_profile: Profile,
+                                                                   tmp_path: Any) -> None:
+    """No answer learned yet (a new calibration), but the engine's steps run at 1.4x their
+    model: the plan's p50 and p95 are the fitted ones x 1.4; steps at 0.8x leave them fitted."""
+    engine = FakeEngine([], [])
+    pipe = pipeline(engine)
+    pipe.services.data_dir = tmp_path
+    engine.run(step_profile.step_fit, 1.4)
+    band, state = pipe.planner_profile(step_profile)
+    assert state is not None and state.n == 0 and state.active
+    assert state.speed == pytest.approx(1.4) and state.factor == pytest.approx(1.4)
+    fitted = step_profile.predict_ttft_ms(600, 83)
+    assert band.predict_ttft_ms(600, 83) == pytest.approx((1.4 * fitted[0], 1.4 * fitted[1]))
+    engine.steps.clear()
+    engine.run(step_profile.step_fit, 0.8)
+    band, state = pipe.planner_profile(step_profile)
+    assert state is not None and not state.active and state.factor == 1.0
+    assert band.predict_ttft_ms(600, 83) == pytest.approx(fitted)
