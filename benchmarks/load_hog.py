@@ -1,0 +1,73 @@
+"""``benchmarks/load.py --hog``: p95 coverage of the prefill prediction once a CPU hog starts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import time
+from typing import Any
+
+from benchmarks.load_http import Server, build, set_arm
+
+
+def hog(args: argparse.Namespace) -> int:
+    import httpx
+
+    services, app, questions = build()
+    pipeline = app.state.pipeline
+    set_arm(pipeline, "on")
+    profile = pipeline.profile()
+    pipeline.corrections.reset()
+    correction = pipeline.corrections.get(profile.id)
+    server = Server(app)
+    rng = random.Random(args.seed)
+    rows: list[dict[str, Any]] = []
+    busy: subprocess.Popen[bytes] | None = None
+    try:
+        with httpx.Client() as client:
+            for i in range(args.warmup + args.after):
+                if i == args.warmup:
+                    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                    time.sleep(1.0)
+                q = questions[rng.randrange(len(questions))]
+                # What the correction learned from answers alone (no live speed), as it stood
+                # when this request was planned: the on-answers arm's band for the same answer.
+                answers_state = correction.state(None, False)
+                r = client.post(f"{server.url}/v1/answer", timeout=600, json={
+                    "question": q, "ttft_budget_ms": args.budget, "max_new_tokens": 8}).json()
+                p, t, tok = r["predicted"], r["timings"], r["tokens"]
+                corrected_p95 = p["ttft_p95_ms"] - p["overhead_ms"]  # the plan's prefill p95
+                fitted_p50, fitted_p95 = profile.predict_ttft_ms(tok["prompt"], tok["cached"])
+                answers_p95 = float(correction.apply([fitted_p50], [fitted_p95], answers_state)[1][0])
+                row = {"i": i, "hog": busy is not None, "prefill_ms": t["prefill_ms"],
+                       "corrected_p95": corrected_p95, "answers_p95": answers_p95, "fitted_p95": fitted_p95,
+                       "fitted_p50": fitted_p50,
+                       "factor": p["correction_factor"], "mult": p["p95_multiplier"],
+                       "speed": p.get("machine_speed"), "k": r["chosen_k"]}
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    finally:
+        if busy is not None:
+            busy.terminate()
+            busy.wait(10)
+        server.stop()
+        services.close()
+
+    def cov(rs: list[dict[str, Any]], key: str) -> float | None:
+        rs = [r for r in rs if r["prefill_ms"] is not None]
+        return sum(1 for r in rs if r["prefill_ms"] <= r[key]) / len(rs) if rs else None
+
+    after = [r for r in rows if r["hog"]]
+    out = {"kind": "hog", "profile": profile.id, "warmup": cov(rows[:args.warmup], "corrected_p95"),
+           "after_1_10": {k: cov(after[:10], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
+           "after_11_20": {k: cov(after[10:20], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
+           "after_1_20": {k: cov(after[:20], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
+           "after_21_40": {k: cov(after[20:40], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
+           "factor_end": after[-1]["factor"] if after else None, "rows": rows}
+    with args.out.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(out) + "\n")
+    print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1))
+    return 0
