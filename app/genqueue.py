@@ -125,6 +125,16 @@ class GenerationQueue:
             ahead: list[object] = list(self._running_places) + list(self._waiting)
         return float(sum(t.min_remaining_ms() for t in ahead if isinstance(t, Ticket))) / self.slots
 
+    def retry_after_ms(self) -> float:
+        """When a request refused now should come back, ms: the predicted wait
+        (:meth:`predicted_wait_ms`) when every place is taken, else the least predicted time
+        until one running answer releases its place (the batch it would join then shrinks);
+        0 when nothing with a :class:`Ticket` runs. What a fast refusal's ``Retry-After`` says."""
+        wait = self.predicted_wait_ms()
+        with self._cond:
+            running = [t.remaining_ms() for t in self._running_places if isinstance(t, Ticket)]
+        return max(wait, min(running, default=0.0))
+
     @contextmanager
     def slot(self, cancel: threading.Event | None = None,
              ticket: Ticket | None = None) -> Iterator[float]:

@@ -333,14 +333,15 @@ class AnswerPipeline:
 
         Raises:
             BudgetUnreachable: 503 with the predicted TTFT and a Retry-After (the queue's
-                predicted wait, at least 1 s).
+                :meth:`GenerationQueue.retry_after_ms`: its predicted wait, or with a free place
+                the time until a running answer ends; at least 1 s).
         """
         row = p.plan.rows[0]
         predicted = spent_ms + wait_ms + row.ttft_p50_ms
         if predicted <= p.budget_ms:
             return
         self.metrics.rejections.labels(where=where).inc()
-        retry_s = max(1.0, self.queue.predicted_wait_ms() / 1000.0)
+        retry_s = max(1.0, self.queue.retry_after_ms() / 1000.0)
         raise BudgetUnreachable(
             f"even k=0 is predicted to take {predicted:.0f} ms to the first token (p50), over the "
             f"{p.budget_ms:.0f} ms budget", retry_after_s=retry_s, predicted_ttft_ms=predicted,

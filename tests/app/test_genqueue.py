@@ -153,3 +153,21 @@ def test_a_free_slot_means_no_predicted_wait():
         assert q.predicted_wait_ms() == 0.0 and q.min_wait_ms() == 0.0
     with pytest.raises(ValueError):
         GenerationQueue(queue_max=1, slots=0)
+
+
+def test_retry_after_is_the_wait_when_full_else_the_first_running_answer_to_end():
+    from app.genqueue import Ticket
+
+    q = GenerationQueue(queue_max=1, slots=2)
+    assert q.retry_after_ms() == 0.0  # nothing runs
+    long = Ticket(prefill_ms=100.0, tpot_ms=10.0, max_new_tokens=31)  # 100 + 30 * 10 ms
+    short = Ticket(prefill_ms=50.0, tpot_ms=10.0, max_new_tokens=11)  # 50 + 10 * 10 ms
+    with q.slot(ticket=long):
+        # A free place: no wait, but the batch it would join shrinks when the long one ends.
+        assert q.predicted_wait_ms() == 0.0 and q.retry_after_ms() == 400.0
+        with q.slot(ticket=short):
+            # Full: the predicted wait (both remaining, over two places) is what it says.
+            assert q.retry_after_ms() == q.predicted_wait_ms() == (400.0 + 150.0) / 2
+        long.produced = 21  # ten steps left
+        assert q.retry_after_ms() == 100.0
+    assert q.retry_after_ms() == 0.0
