@@ -53,7 +53,7 @@ class AnswerReceipts:
         the row goes in the same transaction); None: a fresh id.
         """
         summary, out_ids, prefill_ms = self.summary(p, state)
-        self._pipeline._learn(p, state.stats, prefill_ms, (state.granted_t, state.last_t))
+        self._pipeline.bands.learn(p, state.stats, prefill_ms, (state.granted_t, state.last_t))
         try:
             engine_prompt = state.stats.engine_prompt if state.stats is not None else None
             summary.receipt_id = self.write(p, params, summary, out_ids, engine_prompt,

@@ -58,7 +58,7 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.answer_receipt import AnswerReceipts
 from app.answer_state import AnswerEvent, AnswerRequest, InFlight, Prepared
@@ -86,7 +86,6 @@ from app.validation import (
 from foundation.errors import BudgetUnreachable, TooLarge
 from generation.base import ON_SUBMIT, PREFILL_ORDER, GenerationStats, GenParams, TokenEvent
 from generation.stopping import StopMatcher
-from latency_model.correction import CorrectionRegistry, CorrectionState
 from latency_model.planner import Plan, PrefillBand
 from latency_model.profile import Profile
 
@@ -160,41 +159,6 @@ class AnswerPipeline:
 
         return current_profile(self.services)
 
-    # --- the planning band and the online correction (app.plan_bands) ----------------
-    @property
-    def corrections(self) -> CorrectionRegistry:
-        """The online corrections by profile id (:attr:`PlanBands.corrections`)."""
-        return self.bands.corrections
-
-    def planner_profile(self, profile: Profile) -> tuple[PrefillBand, CorrectionState | None]:
-        """The profile plans use, and its correction's state: :meth:`PlanBands.planner_profile`."""
-        return self.bands.planner_profile(profile)
-
-    def _batched(self, band: PrefillBand, profile: Profile) -> PrefillBand:
-        """``band`` under the running batch's added step time: :meth:`PlanBands.batched`."""
-        return self.bands.batched(band, profile)
-
-    def _expect_prefill(self, p: Prepared) -> int:
-        """Count ``p``'s prefill as not yet submitted; its key: :meth:`PlanBands.expect_prefill`."""
-        return self.bands.expect_prefill(p)
-
-    def _submitted(self, key: int | None) -> None:
-        """Stop counting the answer ``key`` as not yet submitted: :meth:`PlanBands.submitted`."""
-        self.bands.submitted(key)
-
-    def correction_state(self, profile_id: str) -> CorrectionState:
-        """The online correction of ``profile_id`` as it stands: :meth:`PlanBands.correction_state`."""
-        return self.bands.correction_state(profile_id)
-
-    def correction_summary(self, profile: Profile) -> dict[str, Any]:
-        """The online correction of ``profile`` now, with its groups: :meth:`PlanBands.correction_summary`."""
-        return self.bands.correction_summary(profile)
-
-    def _learn(self, p: Prepared, stats: GenerationStats | None, prefill_ms: float | None,
-               span: tuple[float | None, float | None] = (None, None)) -> None:
-        """Feed the measured prefill to the online correction: :meth:`PlanBands.learn`."""
-        self.bands.learn(p, stats, prefill_ms, span)
-
     @staticmethod
     def prompt_chunks(hits: list[Hit]) -> list[PromptChunk]:
         """Prompt chunks (document id, version, text) for retrieval hits, in rank order."""
@@ -239,7 +203,7 @@ class AnswerPipeline:
                            prompt_tokens=full.prompt_tokens_for(0), context_window=gen.context_window)
         cached = bool(gen.prefix_cached(full.scaffold_ids))
         profile = self.profile()
-        planner_profile, correction = self.planner_profile(profile)
+        planner_profile, correction = self.bands.planner_profile(profile)
         wait_ms = self.queue.predicted_wait_ms()
         depth = self.queue.depth
         overhead_ms = (time.perf_counter() - arrival_t) * 1000.0
@@ -288,7 +252,7 @@ class AnswerPipeline:
         t0 = time.perf_counter()
         now_t = now_t if now_t is not None else t0
         spent_ms = max((now_t - p.arrival_t) * 1000.0, 0.0)
-        planner_profile, correction = self.planner_profile(p.profile)
+        planner_profile, correction = self.bands.planner_profile(p.profile)
         plan = self._plan(p.full_prompt, p.scaffold_cached, p.budget_ms, p.max_new_tokens,
                           planner_profile, spent_ms)
         if self.room_for_arrivals:
@@ -425,16 +389,16 @@ class AnswerPipeline:
                         prepared = self.bind(prepared, arrival_key=arrival_key)
                         ticket.prefill_ms = self._ticket(prepared).prefill_ms
                     # The running batch this answer joins, for the correction to learn against.
-                    joined = self._batched(prepared.profile, prepared.profile)
+                    joined = self.bands.batched(prepared.profile, prepared.profile)
                     prepared = replace(prepared, granted_band=joined)
-                    pending = self._expect_prefill(prepared)
+                    pending = self.bands.expect_prefill(prepared)
                     self.bands.left(arrival_key)  # now counted among the prefills granted
                 if reject:
                     self._check_reachable(prepared, prepared.plan.overhead_ms, 0.0, "granted")
                 # Before the first token, outside queue_ms and prefill_ms (inside ttft_ms).
                 receipt_id = self.receipts.open_journal(prepared, params, state)
             except BaseException:
-                self._submitted(pending)
+                self.bands.submitted(pending)
                 self.bands.left(arrival_key)
                 slot.__exit__(None, None, None)  # type: ignore[union-attr]
                 raise
@@ -450,7 +414,7 @@ class AnswerPipeline:
                 # closing(): the generator releases the model lock and finalises its stats
                 # even when the loop stops early (cancel, client gone).
                 key = pending
-                ON_SUBMIT.set(lambda: self._submitted(key))
+                ON_SUBMIT.set(lambda: self.bands.submitted(key))
                 PREFILL_ORDER.set(self.bands.order_of(key))
                 with _closing(gen.stream(prepared.prompt.ids,
                                         cached_prefix_ids=prepared.prompt.scaffold_ids,
@@ -488,7 +452,7 @@ class AnswerPipeline:
             state.error = AnswerError(code=str(getattr(exc, "code", "generation_failed")),
                                       message=str(exc))
         finally:
-            self._submitted(pending)
+            self.bands.submitted(pending)
             self.bands.left(arrival_key)
             ON_SUBMIT.set(None)
             PREFILL_ORDER.set(None)

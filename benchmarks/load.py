@@ -102,7 +102,7 @@ def grid(args: argparse.Namespace) -> int:
                 r.update(kind="warmup", arm="on", load="closed-1", budget=3000.0, tokens=TOKENS[0])
                 fh.write(json.dumps(r) + "\n")
             fh.flush()
-            state = pipeline.correction_state(pipeline.profile().id)
+            state = pipeline.bands.correction_state(pipeline.profile().id)
             print(f"warm-up: {len(rows)} answers, correction factor {state.factor:.3f}, "
                   f"p95 multiplier {state.p95_multiplier}", file=sys.stderr, flush=True)
         for load, budget, tokens in cells:

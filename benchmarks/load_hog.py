@@ -20,8 +20,8 @@ def hog(args: argparse.Namespace) -> int:
     pipeline = app.state.pipeline
     set_arm(pipeline, "on")
     profile = pipeline.profile()
-    pipeline.corrections.reset()
-    correction = pipeline.corrections.get(profile.id)
+    pipeline.bands.corrections.reset()
+    correction = pipeline.bands.corrections.get(profile.id)
     server = Server(app)
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []

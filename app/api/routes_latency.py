@@ -111,5 +111,5 @@ def get_latency_profile(profile_id: str, request: Request, samples: bool = Query
     out = ProfileDetail.model_validate(profile.to_dict() if samples else profile.summary())
     pipeline = getattr(request.app.state, "pipeline", None)
     if pipeline is not None:
-        out.correction = pipeline.correction_summary(profile)
+        out.correction = pipeline.bands.correction_summary(profile)
     return out

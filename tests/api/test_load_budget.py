@@ -225,14 +225,14 @@ def test_correction_follows_a_slower_machine_and_restarts_with_calibration(
     gen.slow = 2.0  # the machine got twice as slow after calibration
     answers = [_ask(app, 60_000).json() for _ in range(8)]
     profile_id = answers[-1]["predicted"]["profile_id"]
-    state = pipeline.correction_state(profile_id)
+    state = pipeline.bands.correction_state(profile_id)
     assert state.active and 1.6 <= state.factor <= 2.4
     assert answers[-1]["predicted"]["correction_factor"] == pytest.approx(state.factor, rel=0.3)
     shown = app.client.get(f"/v1/latency/profiles/{profile_id}", params={"samples": False}).json()
     assert shown["correction"]["n"] == 8 and shown["correction"]["factor"] == state.factor
     # Nothing else ran on the engine: every answer is learned, and shown, as a plan alone; 8
     # answers are too few for the group's own band, so its plans use the pooled window.
-    assert [pair[4] for pair in pipeline.corrections.get(profile_id).window_pairs()] == ["alone"] * 8
+    assert [pair[4] for pair in pipeline.bands.corrections.get(profile_id).window_pairs()] == ["alone"] * 8
     assert shown["correction"]["groups"]["alone"] == {
         "answers": 8, "factor": state.factor, "p95_multiplier": None, "own": False}
     assert shown["correction"]["groups"]["batched"]["answers"] == 0
@@ -246,7 +246,7 @@ def test_correction_follows_a_slower_machine_and_restarts_with_calibration(
     a = _ask(app, 60_000).json()
     assert a["predicted"]["profile_id"] == fresh.id
     assert a["predicted"]["correction_factor"] == 1.0
-    assert pipeline.correction_state(fresh.id).n == 1
+    assert pipeline.bands.correction_state(fresh.id).n == 1
 
 
 def test_online_correction_is_bounded() -> None:

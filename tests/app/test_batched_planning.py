@@ -52,17 +52,17 @@ def pipeline(engine: Any, online_correction: bool = True, live_speed: bool = Tru
 
 
 def test_an_idle_engine_plans_as_before(step_profile: Profile) -> None:
-    band, _ = pipeline(FakeEngine([], []), online_correction=False).planner_profile(step_profile)
+    band, _ = pipeline(FakeEngine([], []), online_correction=False).bands.planner_profile(step_profile)
     assert band is step_profile
-    corrected, _ = pipeline(FakeEngine([], [])).planner_profile(step_profile)
+    corrected, _ = pipeline(FakeEngine([], [])).bands.planner_profile(step_profile)
     assert corrected.profile is step_profile
 
 
 def test_running_answers_raise_the_planned_prefill(step_profile: Profile) -> None:
     band, state = pipeline(FakeEngine([400, 900, 1200], [(300, 83)]),
-                           online_correction=False).planner_profile(step_profile)
+                           online_correction=False).bands.planner_profile(step_profile)
     assert isinstance(band, BatchedBand) and state is None
-    alone, _ = pipeline(FakeEngine([], []), online_correction=False).planner_profile(step_profile)
+    alone, _ = pipeline(FakeEngine([], []), online_correction=False).bands.planner_profile(step_profile)
     busy_p50, busy_p95 = band.predict_ttft_many([600], [83], [83])
     alone_p50, _ = alone.predict_ttft_many([600], [83], [83])
     assert busy_p50[0] > alone_p50[0] and busy_p95[0] >= busy_p50[0]
@@ -72,17 +72,18 @@ def test_a_profile_without_a_step_model_ignores_the_batch(step_profile: Profile)
     body = step_profile.to_dict()
     body.pop("step_model")
     plain = Profile.create(**body)
-    band, _ = pipeline(FakeEngine([400], []), online_correction=False).planner_profile(plain)
+    band, _ = pipeline(FakeEngine([400], []), online_correction=False).bands.planner_profile(plain)
     assert band is plain
 
 
 def test_the_correction_sits_on_the_batch_aware_prediction(step_profile: Profile) -> None:
     from latency_model.correction import CorrectedProfile
 
-    band, state = pipeline(FakeEngine([400, 900], [])).planner_profile(step_profile)
+    band, state = pipeline(FakeEngine([400, 900], [])).bands.planner_profile(step_profile)
     assert isinstance(band, CorrectedProfile) and isinstance(band.profile, BatchedBand)
     assert state is not None and not state.active
-    plain, none = pipeline(FakeEngine([400, 900], []), online_correction=False).planner_profile(step_profile)
+    off = pipeline(FakeEngine([400, 900], []), online_correction=False)
+    plain, none = off.bands.planner_profile(step_profile)
     assert isinstance(plain, BatchedBand) and none is None
 
 
@@ -92,7 +93,7 @@ def test_answers_measured_as_the_batch_model_predicts_leave_the_factor_at_one(
     the step model says is not read as a slower machine (and then added a second time)."""
     pipe = pipeline(FakeEngine([400, 900, 1200], [(300, 83)]))
     pipe.services.data_dir = tmp_path
-    band, _ = pipe.planner_profile(step_profile)
+    band, _ = pipe.bands.planner_profile(step_profile)
     batched_p50 = float(band.profile.predict_ttft_many([600], [83], [83])[0][0])
     alone_p50 = float(step_profile.predict_ttft_many([600], [83], [83])[0][0])
     assert batched_p50 > 1.2 * alone_p50
@@ -100,8 +101,8 @@ def test_answers_measured_as_the_batch_model_predicts_leave_the_factor_at_one(
                         granted_band=None)
     stats = SimpleNamespace(prompt_tokens=600, cached_tokens=83)
     for _ in range(8):
-        pipe._learn(p, stats, batched_p50)  # type: ignore[arg-type]
-    state = pipe.correction_state(step_profile.id)
+        pipe.bands.learn(p, stats, batched_p50)  # type: ignore[arg-type]
+    state = pipe.bands.correction_state(step_profile.id)
     assert state.active and state.n == 8 and abs(state.factor - 1.0) < 1e-9
 
 
@@ -109,17 +110,17 @@ def test_the_correction_learns_against_the_batch_the_answer_joined(step_profile:
                                                                    tmp_path: Any) -> None:
     """Planned on arrival against an idle engine (no late binding), granted into a busy one:
     the pair the correction learns from is the prediction for the batch it joined."""
-    idle, _ = pipeline(FakeEngine([], [])).planner_profile(step_profile)
+    idle, _ = pipeline(FakeEngine([], [])).bands.planner_profile(step_profile)
     pipe = pipeline(FakeEngine([400, 900, 1200], [(300, 83)]))
     pipe.services.data_dir = tmp_path
-    granted = pipe._batched(step_profile, step_profile)
+    granted = pipe.bands.batched(step_profile, step_profile)
     assert isinstance(granted, BatchedBand)
     joined_p50 = float(granted.predict_ttft_many([600], [83], [83])[0][0])
     p = SimpleNamespace(planner_profile=idle, profile=step_profile, prompt=SimpleNamespace(scaffold_len=83),
                         granted_band=granted)
     for _ in range(6):
-        pipe._learn(p, SimpleNamespace(prompt_tokens=600, cached_tokens=83), joined_p50)  # type: ignore[arg-type]
-    assert abs(pipe.correction_state(step_profile.id).factor - 1.0) < 1e-9
+        pipe.bands.learn(p, SimpleNamespace(prompt_tokens=600, cached_tokens=83), joined_p50)  # type: ignore[arg-type]
+    assert abs(pipe.bands.correction_state(step_profile.id).factor - 1.0) < 1e-9
 
 
 def test_an_answer_granted_but_not_yet_in_the_engine_counts_as_a_prefill_ahead(step_profile: Profile) -> None:
@@ -128,11 +129,11 @@ def test_an_answer_granted_but_not_yet_in_the_engine_counts_as_a_prefill_ahead(s
     pipe = pipeline(FakeEngine([], []), online_correction=False)
     first = SimpleNamespace(prompt=SimpleNamespace(ids=list(range(600)), scaffold_len=83),
                             scaffold_cached=True, max_new_tokens=32)
-    key = pipe._expect_prefill(first)  # type: ignore[arg-type]
-    band = pipe._batched(step_profile, step_profile)
+    key = pipe.bands.expect_prefill(first)  # type: ignore[arg-type]
+    band = pipe.bands.batched(step_profile, step_profile)
     assert isinstance(band, BatchedBand) and band.prefills_ahead == [(517, 83, 32)]
-    pipe._submitted(key)
-    assert pipe._batched(step_profile, step_profile) is step_profile
+    pipe.bands.submitted(key)
+    assert pipe.bands.batched(step_profile, step_profile) is step_profile
 
 
 def test_a_restarted_process_carries_on_from_the_stored_correction(step_profile: Profile,
@@ -145,12 +146,12 @@ def test_a_restarted_process_carries_on_from_the_stored_correction(step_profile:
                         prompt=SimpleNamespace(scaffold_len=83), granted_band=None)
     p50 = float(step_profile.predict_ttft_many([600], [83], [83])[0][0])
     for _ in range(6):
-        first._learn(p, SimpleNamespace(prompt_tokens=600, cached_tokens=83), 1.5 * p50)  # type: ignore[arg-type]
+        first.bands.learn(p, SimpleNamespace(prompt_tokens=600, cached_tokens=83), 1.5 * p50)  # type: ignore[arg-type]
     second = pipeline(FakeEngine([], []))
     second.services.data_dir = tmp_path
-    state = second.correction_state(step_profile.id)
+    state = second.bands.correction_state(step_profile.id)
     assert state.n == 6 and state.active and state.factor == pytest.approx(1.5)
-    assert second.correction_state("sha256:" + "0" * 64).n == 0
+    assert second.bands.correction_state("sha256:" + "0" * 64).n == 0
 
 
 def test_the_correction_follows_the_machine_speed_read_from_engine_steps(step_profile: Profile,
@@ -168,17 +169,17 @@ def test_the_correction_follows_the_machine_speed_read_from_engine_steps(step_pr
     for _ in range(8):
         t0 = time.perf_counter()
         engine.run(fit, 1.0)
-        pipe._learn(p, SimpleNamespace(prompt_tokens=600, cached_tokens=83), 1.2 * p50,  # type: ignore[arg-type]
+        pipe.bands.learn(p, SimpleNamespace(prompt_tokens=600, cached_tokens=83), 1.2 * p50,  # type: ignore[arg-type]
                     (t0 - 1.0, time.perf_counter()))
-    _, state = pipe.planner_profile(step_profile)
+    _, state = pipe.bands.planner_profile(step_profile)
     assert state is not None and state.speed == pytest.approx(1.0) and state.factor == pytest.approx(1.2)
     engine.run(fit, 1.5)
-    band, state = pipe.planner_profile(step_profile)
+    band, state = pipe.bands.planner_profile(step_profile)
     assert state is not None and state.speed == pytest.approx(1.5)
     assert state.factor == pytest.approx(1.8)
     assert band.predict_ttft_ms(600, 83)[0] == pytest.approx(1.8 * step_profile.predict_ttft_ms(600, 83)[0])
     pipe.live_speed = False
-    _, off = pipe.planner_profile(step_profile)
+    _, off = pipe.bands.planner_profile(step_profile)
     assert off is not None and off.speed is None and off.factor == pytest.approx(1.2)
 
 
@@ -204,16 +205,16 @@ def test_the_answer_shows_the_batch_its_plan_was_made_beside(step_profile: Profi
     from app.plan_bands import batch_of
 
     busy = pipeline(FakeEngine([(400, 5), (900, 30)], [(300, 83, 64)]))
-    band, _ = busy.planner_profile(step_profile)
+    band, _ = busy.bands.planner_profile(step_profile)
     shown = batch_of(band)
     assert shown is not None and shown.model_dump() == {"decoding": [(400, 5), (900, 30)],
                                                        "prefilling": [(300, 83, 64)]}
-    idle, _ = pipeline(FakeEngine([], [])).planner_profile(step_profile)
+    idle, _ = pipeline(FakeEngine([], [])).bands.planner_profile(step_profile)
     assert batch_of(idle) is None and batch_of(step_profile) is None
     leaving = pipeline(FakeEngine([(400, 1), (900, 1)], []), online_correction=False)
     staying = pipeline(FakeEngine([(400, 64), (900, 64)], []), online_correction=False)
-    short = leaving.planner_profile(step_profile)[0].predict_ttft_ms(1400, 83, 83)
-    long = staying.planner_profile(step_profile)[0].predict_ttft_ms(1400, 83, 83)
+    short = leaving.bands.planner_profile(step_profile)[0].predict_ttft_ms(1400, 83, 83)
+    long = staying.bands.planner_profile(step_profile)[0].predict_ttft_ms(1400, 83, 83)
     assert short[0] < long[0]  # decoders about to finish cost one step, not the whole prefill
 
 
@@ -235,15 +236,15 @@ def test_answers_ahead_are_in_the_order_they_were_planned(step_profile: Profile)
     pipe = pipeline(engine, online_correction=False)
     big = SimpleNamespace(prompt=SimpleNamespace(ids=list(range(600)), scaffold_len=83),
                           scaffold_cached=True, max_new_tokens=32)
-    key = pipe._expect_prefill(big)  # type: ignore[arg-type]
+    key = pipe.bands.expect_prefill(big)  # type: ignore[arg-type]
     assert pipe.bands.order_of(key) == 5
     engine.state = ([], [(23, 83, 32, 6)])  # planned after it, but in the engine first
-    band = pipe._batched(step_profile, step_profile)
+    band = pipe.bands.batched(step_profile, step_profile)
     assert isinstance(band, BatchedBand) and band.prefills_ahead == [(517, 83, 32), (23, 83, 32)]
     engine.state = ([], [(517, 83, 32, 5), (23, 83, 32, 6)])  # the engine has it; not yet marked
-    band = pipe._batched(step_profile, step_profile)
+    band = pipe.bands.batched(step_profile, step_profile)
     assert isinstance(band, BatchedBand) and band.prefills_ahead == [(517, 83, 32), (23, 83, 32)]
-    pipe._submitted(key)
+    pipe.bands.submitted(key)
     assert pipe.bands.order_of(key) is None
 
 
@@ -255,13 +256,13 @@ def test_before_any_answer_a_slower_machine_speed_scales_the_plan(step_profile: 
     pipe = pipeline(engine)
     pipe.services.data_dir = tmp_path
     engine.run(step_profile.step_fit, 1.4)
-    band, state = pipe.planner_profile(step_profile)
+    band, state = pipe.bands.planner_profile(step_profile)
     assert state is not None and state.n == 0 and state.active
     assert state.speed == pytest.approx(1.4) and state.factor == pytest.approx(1.4)
     fitted = step_profile.predict_ttft_ms(600, 83)
     assert band.predict_ttft_ms(600, 83) == pytest.approx((1.4 * fitted[0], 1.4 * fitted[1]))
     engine.steps.clear()
     engine.run(step_profile.step_fit, 0.8)
-    band, state = pipe.planner_profile(step_profile)
+    band, state = pipe.bands.planner_profile(step_profile)
     assert state is not None and not state.active and state.factor == 1.0
     assert band.predict_ttft_ms(600, 83) == pytest.approx(fitted)
