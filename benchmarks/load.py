@@ -66,10 +66,14 @@ TOKENS = (32, 64)
 
 
 def _loads(rates: list[float]) -> list[str]:
+    """The grid's loads: closed loop at 1, 2 and 4 clients, then Poisson at each rate (1/s)."""
     return ["closed-1", "closed-2", "closed-4"] + [f"poisson-{r:g}" for r in rates]
 
 
 def grid(args: argparse.Namespace) -> int:
+    """The grid (the default run; see the module docstring): every selected cell x arm,
+    ``args.per_cell`` requests each, one jsonl row per answer appended to ``args.out`` (cells
+    already complete there are skipped); prints the markdown table at the end; returns 0."""
     services, app, questions = build()
     pipeline = app.state.pipeline
     server = Server(app)

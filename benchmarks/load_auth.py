@@ -13,6 +13,11 @@ from benchmarks.load_report import pct
 
 
 def auth(args: argparse.Namespace) -> int:
+    """``POST /v1/retrieve`` over HTTP, alternately to an app with a key check and to the same
+    services behind an app without one (``args.auth_requests`` each after 10 warm-up requests
+    each), then the in-process key check alone. Appends one ``kind: auth`` row (p50/p95 ms of
+    each side, their p50 difference, the check's p50/p95) to ``args.out``; returns 0.
+    """
     import httpx
 
     from app.auth import create_key

@@ -14,6 +14,15 @@ from benchmarks.load_http import Server, build, set_arm
 
 
 def hog(args: argparse.Namespace) -> int:
+    """The CPU-hog coverage run (``--hog``; see ``benchmarks/load.py``'s docstring).
+
+    ``args.warmup`` answers on the machine as it is, then one busy process (a pure-Python loop,
+    one core) and ``args.after`` answers one at a time (``args.budget`` ms, 8 new tokens). Per
+    answer: measured prefill (ms, model granted to first token) against the planned p95
+    prefill, the correction learned from answers alone, and the fitted profile alone. Appends
+    one ``kind: hog`` row (coverage per block of answers, every answer's row) to ``args.out``
+    and prints the summary; returns 0.
+    """
     import httpx
 
     services, app, questions = build()
