@@ -104,36 +104,44 @@ class GenerationQueue:
         with self._cond:
             return self._running
 
+    def _ahead(self) -> tuple[list[Ticket] | None, list[Ticket]]:
+        """One snapshot under the lock: ``(every ticket ahead of a request arriving now, the
+        running tickets)``; the first is None while a place is free and no one waits (no
+        wait). Places without a :class:`Ticket` are left out (their cost is unknown)."""
+        with self._cond:
+            running = [t for t in self._running_places if isinstance(t, Ticket)]
+            if not self._full() and not self._waiting:
+                return None, running
+            return running + [t for t in self._waiting if isinstance(t, Ticket)], running
+
     def predicted_wait_ms(self) -> float:
         """How long a request arriving now would wait for the model, ms (see the module docstring).
 
         Places without a :class:`Ticket` count 0 (their cost is unknown).
         """
-        with self._cond:
-            if not self._full() and not self._waiting:
-                return 0.0
-            ahead: list[object] = list(self._running_places) + list(self._waiting)
-        return float(sum(t.remaining_ms() for t in ahead if isinstance(t, Ticket))) / self.slots
+        ahead, _ = self._ahead()
+        return float(sum(t.remaining_ms() for t in ahead)) / self.slots if ahead is not None else 0.0
 
     def min_wait_ms(self) -> float:
         """A lower bound of that wait, ms: the prefills still ahead, as if every answer ahead
         stopped at its first token. What a fast refusal is decided on, so that a request the
         model could have served in time is not refused on a pessimistic guess."""
-        with self._cond:
-            if not self._full() and not self._waiting:
-                return 0.0
-            ahead: list[object] = list(self._running_places) + list(self._waiting)
-        return float(sum(t.min_remaining_ms() for t in ahead if isinstance(t, Ticket))) / self.slots
+        ahead, _ = self._ahead()
+        return float(sum(t.min_remaining_ms() for t in ahead)) / self.slots if ahead is not None else 0.0
 
     def retry_after_ms(self) -> float:
         """When a request refused now should come back, ms: the predicted wait
         (:meth:`predicted_wait_ms`) when every place is taken, else the least predicted time
         until one running answer releases its place (the batch it would join then shrinks);
-        0 when nothing with a :class:`Ticket` runs. What a fast refusal's ``Retry-After`` says."""
-        wait = self.predicted_wait_ms()
-        with self._cond:
-            running = [t.remaining_ms() for t in self._running_places if isinstance(t, Ticket)]
-        return max(wait, min(running, default=0.0))
+        0 when nothing with a :class:`Ticket` runs. What a fast refusal's ``Retry-After`` says.
+        Both read from one snapshot of the queue."""
+        ahead, running = self._ahead()
+        remaining = {id(t): t.remaining_ms() for t in running}  # each running ticket read once
+        wait = 0.0
+        if ahead is not None:
+            wait = float(sum(remaining[id(t)] if id(t) in remaining else t.remaining_ms()
+                             for t in ahead)) / self.slots
+        return max(wait, min(remaining.values(), default=0.0))
 
     @contextmanager
     def slot(self, cancel: threading.Event | None = None,

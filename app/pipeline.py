@@ -28,7 +28,7 @@ that has already arrived and not yet got the model. Bound alone, the first of
 several requests arriving together takes the whole budget's worth of chunks and
 leaves the others too little time to answer even with k = 0 (on the load grid:
 two clients in lockstep, the second always at k = 0 near its budget; four, the
-other three refused fast over and over). :meth:`app.plan_bands.PlanBands.room_for_arrivals`
+other three refused fast over and over). :meth:`app.arrivals.Arrivals.room`
 caps k at the largest that still lets each of them, priced behind it at p95 with
 k = 0 and the time it has already spent, answer within its own budget (binding
 ``arrivals``); a request that could not make it even then is not counted.
@@ -71,6 +71,7 @@ from app.answer_types import (
     PlanPublic,
     ProfileRef,
 )
+from app.arrivals import Arrivals
 from app.conversation import check_roles, retrieval_query
 from app.genqueue import Cancelled, GenerationQueue, Ticket
 from app.metrics import AnswerMetrics
@@ -114,6 +115,8 @@ class AnswerPipeline:
         # The planning band, the online correction and the answers granted but not yet seen by
         # the engine (app.plan_bands); it reads the two switches above when it uses them.
         self.bands = PlanBands(self)
+        # The requests arrived and not yet granted the model (app.arrivals), left room to answer.
+        self.arrivals = Arrivals()
         self.receipts = AnswerReceipts(self)  # each answer's summary, receipt and journal row
         self._scaffold: Scaffold | None = None
         self._builder: PromptBuilder | None = None
@@ -247,7 +250,7 @@ class AnswerPipeline:
         rebuilt for the chosen k. The retrieval and candidate list are those of arrival.
         The time this takes is added to ``planning_ms``. With ``room_for_arrivals`` the k is
         capped so the requests arrived meanwhile (all but ``arrival_key``, this request's own
-        :meth:`PlanBands.arrive` key) keep room to answer (:meth:`PlanBands.room_for_arrivals`).
+        :meth:`Arrivals.arrive` key) keep room to answer (:meth:`Arrivals.room`).
         """
         t0 = time.perf_counter()
         now_t = now_t if now_t is not None else t0
@@ -256,7 +259,7 @@ class AnswerPipeline:
         plan = self._plan(p.full_prompt, p.scaffold_cached, p.budget_ms, p.max_new_tokens,
                           planner_profile, spent_ms)
         if self.room_for_arrivals:
-            plan = self.bands.room_for_arrivals(plan, p, spent_ms, now_t, arrival_key)
+            plan = self.arrivals.room(plan, p, spent_ms, now_t, arrival_key, self.bands)
         prompt = p.prompt
         k = plan.chosen_k if plan.chosen_k is not None else 0
         if k != (p.plan.chosen_k or 0):
@@ -278,7 +281,7 @@ class AnswerPipeline:
                       max_new_tokens=p.max_new_tokens)
 
     def _arrive(self, req: AnswerRequest, arrival_t: float) -> int | None:
-        """Count ``req`` as arrived (:meth:`PlanBands.arrive`) with its budget and decode length;
+        """Count ``req`` as arrived (:meth:`Arrivals.arrive`) with its budget and decode length;
         None when they are not valid (:meth:`prepare` then refuses it)."""
         from foundation.errors import InvalidInput
 
@@ -287,7 +290,7 @@ class AnswerPipeline:
             max_new = check_max_new_tokens(self.settings, req.max_new_tokens)
         except InvalidInput:
             return None
-        return self.bands.arrive(arrival_t, budget, max_new)
+        return self.arrivals.arrive(arrival_t, budget, max_new)
 
     def _check_reachable(self, p: Prepared, spent_ms: float, wait_ms: float, where: str) -> None:
         """Refuse ``p`` (``on_budget_miss == "reject"``) when k = 0's predicted p50 TTFT is over budget.
@@ -362,7 +365,7 @@ class AnswerPipeline:
                 self._check_reachable(prepared, prepared.timings_ms["overhead_ms"],
                                       self.queue.min_wait_ms(), "arrival")
         except BaseException:
-            self.bands.left(arrival_key)
+            self.arrivals.left(arrival_key)
             raise
         gen = self.services.generator
         # A generator that batches answers (the local engine: generation.scheduler) says how
@@ -392,20 +395,20 @@ class AnswerPipeline:
                     joined = self.bands.batched(prepared.profile, prepared.profile)
                     prepared = replace(prepared, granted_band=joined)
                     pending = self.bands.expect_prefill(prepared)
-                    self.bands.left(arrival_key)  # now counted among the prefills granted
+                    self.arrivals.left(arrival_key)  # now counted among the prefills granted
                 if reject:
                     self._check_reachable(prepared, prepared.plan.overhead_ms, 0.0, "granted")
                 # Before the first token, outside queue_ms and prefill_ms (inside ttft_ms).
                 receipt_id = self.receipts.open_journal(prepared, params, state)
             except BaseException:
                 self.bands.submitted(pending)
-                self.bands.left(arrival_key)
+                self.arrivals.left(arrival_key)
                 slot.__exit__(None, None, None)  # type: ignore[union-attr]
                 raise
             state.granted_t = time.perf_counter()
             before_stats = gen.last_stats  # the previous answer's, once we hold the model
         except Cancelled:
-            self.bands.left(arrival_key)
+            self.arrivals.left(arrival_key)
             state.status = "cancelled"
             state.queue_ms = (time.perf_counter() - queued_t) * 1000.0  # waited, then left
             slot = None
@@ -453,7 +456,7 @@ class AnswerPipeline:
                                       message=str(exc))
         finally:
             self.bands.submitted(pending)
-            self.bands.left(arrival_key)
+            self.arrivals.left(arrival_key)
             ON_SUBMIT.set(None)
             PREFILL_ORDER.set(None)
             if slot is not None:

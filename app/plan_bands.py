@@ -15,10 +15,9 @@ is on. It keeps:
   :meth:`PlanBands.submitted`, :data:`generation.base.ON_SUBMIT`), and the lock under which
   the pipeline binds and registers an answer (:attr:`PlanBands.admit_lock`).
 
-* the requests that have arrived and are not yet granted the model (:meth:`PlanBands.arrive`,
-  :meth:`PlanBands.arrivals`): an answer planned now leaves them the prefill time they need
-  to answer at all (:meth:`PlanBands.room_for_arrivals`), priced behind it by
-  :meth:`PlanBands.behind`;
+* the pricer of a prefill behind everything running or granted (:meth:`PlanBands.behind`),
+  with which an answer planned now leaves the requests arrived meanwhile room to answer
+  (:meth:`app.arrivals.Arrivals.room`);
 
 * the machine's speed now, read from the local engine's latest timed steps against the
   profile's mixed-step model (:meth:`PlanBands.live_speed`,
@@ -38,13 +37,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.answer_types import PlanBatch
 from latency_model.correction import ALONE, BATCHED, CorrectedProfile, CorrectionRegistry, CorrectionState
-from latency_model.planner import Plan, PrefillBand
+from latency_model.planner import PrefillBand
 from latency_model.profile import Profile
 
 if TYPE_CHECKING:
@@ -63,18 +61,6 @@ SPEED_HORIZON_S = 10.0
 #: A prefill as the batch model takes it: (tokens to prefill, first position, max new tokens,
 #: engine prefill order or None).
 Entry = tuple[int, int, int, int | None]
-
-
-@dataclass(frozen=True)
-class Arrival:
-    """A request that has arrived and is not yet granted the model: its ``key``
-    (:meth:`PlanBands.arrive`), ``arrival_t`` (``perf_counter`` seconds), TTFT ``budget_ms`` and
-    ``max_new_tokens``."""
-
-    key: int
-    arrival_t: float
-    budget_ms: float
-    max_new_tokens: int
 
 
 def _prefill_order(entry: Any) -> float:
@@ -129,9 +115,6 @@ class PlanBands:
         self._unsubmitted: dict[int, tuple[int, int, int, int | None]] = {}
         self._unsubmitted_lock = threading.Lock()
         self._unsubmitted_keys = itertools.count()
-        # Requests arrived and not yet granted the model (answers only, not advice), by key.
-        self._arrivals: dict[int, Arrival] = {}
-        self._arrival_keys = itertools.count()
 
     def planner_profile(self, profile: Profile) -> tuple[PrefillBand, CorrectionState | None]:
         """The profile plans use, and its online correction's state (None when off).
@@ -182,27 +165,6 @@ class PlanBands:
         got = machine_speed(fit, [(r.segments, r.logit_rows, r.ms) for r in steps])
         return got[0] if got is not None else None
 
-    def arrive(self, arrival_t: float, budget_ms: float, max_new_tokens: int) -> int:
-        """Count a request that will answer as arrived until it is granted the model; its key
-        (removed by :meth:`left`). ``arrival_t``: ``perf_counter`` seconds; ``budget_ms``: its
-        TTFT budget; ``max_new_tokens``: its decode length."""
-        with self._unsubmitted_lock:
-            key = next(self._arrival_keys)
-            self._arrivals[key] = Arrival(key, float(arrival_t), float(budget_ms), int(max_new_tokens))
-        return key
-
-    def left(self, key: int | None) -> None:
-        """Stop counting the arrival ``key`` (granted the model, refused or failed)."""
-        if key is not None:
-            with self._unsubmitted_lock:
-                self._arrivals.pop(key, None)
-
-    def arrivals(self, besides: int | None = None) -> list[Arrival]:
-        """The requests arrived and not yet granted the model, but ``besides``, oldest first."""
-        with self._unsubmitted_lock:
-            got = [a for k, a in self._arrivals.items() if k != besides]
-        return sorted(got, key=lambda a: (a.arrival_t, a.key))
-
     def behind(self, profile: Profile) -> Callable[[Sequence[Entry]], PrefillBand] | None:
         """A pricer for answers that will prefill after everything the engine runs or was
         granted now: called with ``extra`` (``(tokens to prefill, first position, max new
@@ -228,69 +190,6 @@ class PlanBands:
             return band if correction is None else CorrectedProfile(band, correction, speed, use, BATCHED)
 
         return price
-
-    def room_for_arrivals(self, plan: Plan, p: Prepared, spent_ms: float, now_t: float,
-                          arrival_key: int | None) -> Plan:
-        """``plan`` with k capped so every request arrived and not yet granted keeps room to answer.
-
-        The answer's own ``plan`` was made ``spent_ms`` after it arrived, at ``now_t``
-        (``perf_counter`` seconds). Each request ``r`` that has arrived (:meth:`arrivals`, oldest
-        first, ``arrival_key`` excluded) will prefill after this answer and after the ones
-        before it. Its TTFT with k = 0 is predicted as ``spent_r + p95_r``: ``spent_r`` the
-        larger of the time since it arrived and this answer's own ``spent_ms`` (it still has
-        retrieval and planning ahead); ``p95_r`` its prefill at p95 behind this answer's chosen
-        prompt and the others before it (:meth:`behind`; its prompt taken as long as this
-        answer's k = 0 prompt, each before it at k = 0). The chosen k is the largest (binary
-        search; predictions grow with k) at which every counted ``r`` fits its budget; ``r``
-        that would not fit even with this answer at k = 0 are not counted (nothing this plan
-        does saves them). Unchanged when nothing is waiting, k is already 0 or None, or there
-        is no batching engine with a step model to price it; else binding ``arrivals``.
-        """
-        k_max = plan.chosen_k
-        others = self.arrivals(besides=arrival_key)
-        if not others or not k_max:
-            return plan
-        rows, scaffold = plan.rows, int(p.full_prompt.scaffold_len)
-        own0 = rows[0]
-
-        price = self.behind(p.profile)
-        if price is None:
-            return plan
-
-        def miss(k: int, counted: list[Arrival]) -> list[Arrival]:
-            """The counted arrivals that miss with this answer at ``k``."""
-            assert price is not None
-            row = rows[k]
-            extra: list[Entry] = [(row.computed_tokens, row.cached_tokens, p.max_new_tokens, None)]
-            missed = []
-            for r in counted:
-                p95 = float(price(extra).predict_ttft_many([own0.prompt_tokens], [own0.cached_tokens],
-                                                           [scaffold])[1][0])
-                if max((now_t - r.arrival_t) * 1000.0, spent_ms) + p95 > r.budget_ms:
-                    missed.append(r)
-                extra.append((own0.computed_tokens, own0.cached_tokens, r.max_new_tokens, None))
-            return missed
-
-        counted = list(others)
-        while counted:  # drop those k = 0 cannot save; dropping one only helps the rest
-            lost = miss(0, counted)
-            if not lost:
-                break
-            counted = [r for r in counted if r not in lost]
-        if not counted or not miss(k_max, counted):
-            return plan
-        lo, hi = 0, k_max  # lo fits, hi does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if miss(mid, counted):
-                hi = mid
-            else:
-                lo = mid
-        n = len(counted)
-        return replace(plan, chosen_k=lo, binding="arrivals",
-                       message=(f"k={lo}: one more chunk would leave {'one of the ' if n > 1 else 'the '}"
-                                f"{n} request{'s' if n > 1 else ''} that arrived meanwhile too little "
-                                f"prefill time to answer within {'its' if n == 1 else 'their'} budget"))
 
     def _batch_now(self, profile: Profile) -> tuple[Any, int, list[Any], list[Any], int | None] | None:
         """``(step fit, prefill chunk, decoders, prefills in the engine's order, step token

@@ -196,7 +196,7 @@ def test_reject_after_the_wait_when_the_wait_ate_the_budget(loaded: tuple[KeyedA
     assert r.json()["error"]["details"]["where"] == "granted"
     assert _receipts(app) == before + 1  # the holder's only
     # Neither the refused request nor the one answered is still counted as arrived.
-    assert app.client.app.state.pipeline.bands.arrivals() == []  # type: ignore[attr-defined]
+    assert app.client.app.state.pipeline.arrivals.waiting() == []  # type: ignore[attr-defined]
 
 
 def test_openai_route_takes_on_budget_miss_from_body_or_header(loaded: tuple[KeyedApp, Any]) -> None:

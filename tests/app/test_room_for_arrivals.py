@@ -58,9 +58,9 @@ def test_the_first_of_two_arrivals_leaves_the_second_room(step_profile: Profile)
     greedy = _plan(step_profile, budget)
     assert greedy.chosen_k is not None and greedy.chosen_k >= 6
     now = time.perf_counter()
-    own = pipe.bands.arrive(now, budget, MAX_NEW)
-    other = pipe.bands.arrive(now, budget, MAX_NEW)
-    shared = pipe.bands.room_for_arrivals(greedy, _prepared(step_profile), 0.0, now, own)
+    own = pipe.arrivals.arrive(now, budget, MAX_NEW)
+    other = pipe.arrivals.arrive(now, budget, MAX_NEW)
+    shared = pipe.arrivals.room(greedy, _prepared(step_profile), 0.0, now, own, pipe.bands)
     k = shared.chosen_k
     assert k is not None and 0 < k < greedy.chosen_k
     assert shared.binding == "arrivals" and "arrivals" in BINDINGS
@@ -69,10 +69,10 @@ def test_the_first_of_two_arrivals_leaves_the_second_room(step_profile: Profile)
     assert _k0_behind(pipe, step_profile, greedy, k + 1) > budget
     assert shared.rows == greedy.rows  # the table is the answer's own; only the choice moves
     # Once the other request has left (granted, refused or failed), nothing holds the plan back.
-    pipe.bands.left(other)
-    assert pipe.bands.room_for_arrivals(greedy, _prepared(step_profile), 0.0, now, own) is greedy
-    pipe.bands.left(own)
-    assert pipe.bands.arrivals() == []
+    pipe.arrivals.left(other)
+    assert pipe.arrivals.room(greedy, _prepared(step_profile), 0.0, now, own, pipe.bands) is greedy
+    pipe.arrivals.left(own)
+    assert pipe.arrivals.waiting() == []
 
 
 def test_more_arrivals_leave_no_larger_k(step_profile: Profile) -> None:
@@ -82,10 +82,10 @@ def test_more_arrivals_leave_no_larger_k(step_profile: Profile) -> None:
     now = time.perf_counter()
     ks = []
     for n in (1, 2, 3):
-        keys = [pipe.bands.arrive(now, budget, MAX_NEW) for _ in range(n)]
-        ks.append(pipe.bands.room_for_arrivals(greedy, _prepared(step_profile), 0.0, now, None).chosen_k)
+        keys = [pipe.arrivals.arrive(now, budget, MAX_NEW) for _ in range(n)]
+        ks.append(pipe.arrivals.room(greedy, _prepared(step_profile), 0.0, now, None, pipe.bands).chosen_k)
         for key in keys:
-            pipe.bands.left(key)
+            pipe.arrivals.left(key)
     assert ks[0] is not None and greedy.chosen_k is not None
     assert greedy.chosen_k > ks[0] >= ks[1] >= ks[2]  # type: ignore[operator]
 
@@ -96,8 +96,8 @@ def test_an_arrival_nothing_can_save_does_not_count(step_profile: Profile) -> No
     budget = 1.6 * float(_plan(step_profile, 1e6).rows[6].ttft_p95_ms)
     greedy = _plan(step_profile, budget)
     now = time.perf_counter()
-    pipe.bands.arrive(now - budget / 1000.0, budget, MAX_NEW)
-    assert pipe.bands.room_for_arrivals(greedy, _prepared(step_profile), 0.0, now, None) is greedy
+    pipe.arrivals.arrive(now - budget / 1000.0, budget, MAX_NEW)
+    assert pipe.arrivals.room(greedy, _prepared(step_profile), 0.0, now, None, pipe.bands) is greedy
 
 
 def test_without_a_step_model_the_plan_is_unchanged(step_profile: Profile) -> None:
@@ -108,8 +108,8 @@ def test_without_a_step_model_the_plan_is_unchanged(step_profile: Profile) -> No
     budget = 1.6 * float(_plan(plain, 1e6).rows[6].ttft_p95_ms)
     greedy = _plan(plain, budget)
     now = time.perf_counter()
-    pipe.bands.arrive(now, budget, MAX_NEW)
-    assert pipe.bands.room_for_arrivals(greedy, _prepared(plain), 0.0, now, None) is greedy
+    pipe.arrivals.arrive(now, budget, MAX_NEW)
+    assert pipe.arrivals.room(greedy, _prepared(plain), 0.0, now, None, pipe.bands) is greedy
 
 
 def test_under_the_correction_the_arrival_is_priced_behind_the_batch_and_the_answer(
