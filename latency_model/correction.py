@@ -44,16 +44,21 @@ two bounded terms on top of the fitted profile, which itself is never changed:
   is the plain median above.
 
 * ``group`` (Mondrian conformal prediction: Vovk, Lindsay, Nouretdinov & Gammerman,
-  *Mondrian confidence machine*, 2003; Vovk et al. 2005, section 4.5): each answer is
-  stored with what its plan knew when it was made, ``"alone"`` (the engine ran nothing
-  else) or ``"batched"`` (its prefill shared steps with other answers), and a plan in one
-  group takes its factor and multiplier from that group's answers alone, once the group
-  holds enough of them for the conformal rank (:data:`GROUP_MIN`); until then from the
-  pooled window. One pooled window mixes two spreads: a batched answer's prefill also pays
-  for answers that arrive after its plan (its prediction cannot see them), and in the load
-  grid's fifth run (docs/benchmarks.md) that mixture put every plan's p95 at 1.33-1.37x the
-  measured TTFT, alone or not, where the fitted spread was 1.18-1.25x. Each group keeps its
-  own ``window`` newest answers, so a busy spell does not push the answers alone out.
+  *Mondrian confidence machine*, 2003; Vovk et al. 2005, section 4.5): each answer is stored
+  with what its plan knew when it was made, ``"alone"`` (the engine ran nothing else) or
+  ``"batched"`` (its prefill shared steps with other answers), and a plan in one group takes
+  its factor and multiplier from that group's answers alone, once the group holds enough of
+  them for the conformal rank (:data:`GROUP_MIN`); until then from the pooled window, its
+  multiplier (and largest score) raised to the largest score the group's own answers have
+  shown so far over the pooled factor, so the band covers at least what the group has
+  measured (the first answers beside a batch, after a spell of answers alone, measured TTFT
+  1.24-1.50x their plan's p50 where the pooled multiplier was 1.14-1.34:
+  docs/load-chunk64-800-retry.jsonl, closed-2). One pooled window mixes two spreads: a
+  batched answer's prefill also pays for answers that arrive after its plan (its prediction
+  cannot see them), and in the load grid's fifth run (docs/benchmarks.md) that mixture put
+  every plan's p95 at 1.33-1.37x the measured TTFT, alone or not, where the fitted spread
+  was 1.18-1.25x. Each group keeps its own ``window`` newest answers, so a busy spell does
+  not push the answers alone out.
 
 Until ``min_samples`` answers have been seen there is nothing to learn a factor
 from: the fitted prediction is used unchanged (factor 1), unless the machine speed
@@ -247,7 +252,8 @@ class OnlineCorrection:
         above 1 alone is the factor (the stored speeds are not read then). ``group``: the
         plan's group (:data:`ALONE`, :data:`BATCHED`); its own answers set the factor and
         multiplier once it holds :data:`GROUP_MIN` of them, else (and with ``None``) the pooled
-        window does: the newest ``window`` answers of every group.
+        window does: the newest ``window`` answers of every group, its multiplier no smaller
+        than the largest score the group's own answers show over the pooled factor.
         """
         group = _good_group(group)
         with self._lock:
@@ -283,10 +289,20 @@ class OnlineCorrection:
         scores = np.sort(ratios / base)
         rank = math.ceil((scores.size + 1) * COVERAGE)
         mult: float | None = float(scores[rank - 1]) if rank <= scores.size else None
+        max_score = float(scores[-1])
+        if used_group is None and own:
+            # The plan's group is short of its own rank: the pooled band, widened to cover the
+            # largest score the group's own answers have shown (same normalisation and base).
+            mine = ([m / (p * s) for p, m, _, s, _ in own if s is not None] if speed is not None
+                    else [m / p for p, m, _, _, _ in own])
+            if mine:
+                top = max(mine) / base
+                max_score = max(max_score, top)
+                mult = max(mult, top) if mult is not None else None
         if mult is not None:
             mult = float(min(max(mult, 1.0), self.max_multiplier))
         return CorrectionState(self.profile_id, factor, mult, len(pairs), self.window, True, coverage,
-                               speed=speed, max_score=float(scores[-1]), group=used_group)
+                               speed=speed, max_score=max_score, group=used_group)
 
     def groups(self, speed_now: float | None = None, use_speed: bool = True) -> dict[str, dict[str, Any]]:
         """Per group (:data:`GROUPS`): ``answers`` it holds, and the ``factor``,

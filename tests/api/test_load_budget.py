@@ -388,7 +388,7 @@ def test_each_group_of_plans_gets_its_own_conformal_band() -> None:
     answers beside a batch 0.6-1.9x. A plan alone gets a band from the answers alone (narrow,
     still covering them); a batched plan from the batched ones (wide, covering them); the
     pooled window covers neither group's width correctly. Until a group holds GROUP_MIN
-    answers its plans use the pooled window."""
+    answers its plans use the pooled window, widened to cover the group's own answers."""
     rng = random.Random(3)
     alone = [1.0 + 0.1 * rng.random() for _ in range(40)]
     batched = [0.6 + 1.3 * rng.random() for _ in range(40)]
@@ -396,8 +396,16 @@ def test_each_group_of_plans_gets_its_own_conformal_band() -> None:
     for i in range(GROUP_MIN - 1):  # one short of its own band: alone plans use the pool
         c.observe(100.0, 100.0 * alone[i], group=ALONE)
         c.observe(100.0, 100.0 * batched[i], group=BATCHED)
+    pooled = c.state()
     assert c.state(group=ALONE).group is None
-    assert c.state(group=ALONE).p95_multiplier == c.state().p95_multiplier
+    assert c.state(group=ALONE).p95_multiplier == pooled.p95_multiplier  # its answers are all inside
+    short = c.state(group=BATCHED)
+    assert short.group is None and short.factor == pooled.factor
+    widest = max(batched[: GROUP_MIN - 1]) / pooled.factor
+    assert pooled.p95_multiplier is not None and pooled.p95_multiplier < widest
+    assert short.p95_multiplier == pytest.approx(widest)  # covers every batched answer so far
+    _, p95 = c.apply([100.0], [100.0], short)
+    assert all(100.0 * r <= p95[0] + 1e-9 for r in batched[: GROUP_MIN - 1])
     for i in range(GROUP_MIN - 1, 40):
         c.observe(100.0, 100.0 * alone[i], group=ALONE)
         c.observe(100.0, 100.0 * batched[i], group=BATCHED)
