@@ -20,7 +20,8 @@ def hog(args: argparse.Namespace) -> int:
     one core) and ``args.after`` answers one at a time (``args.budget`` ms, 8 new tokens). Per
     answer: measured prefill (ms, model granted to first token) against the planned p95
     prefill, the correction learned from answers alone, and the fitted profile alone. Appends
-    one ``kind: hog`` row (coverage per block of answers, every answer's row) to ``args.out``
+    one ``kind: hog`` row (coverage per block of answers after the hog started: 1, 2-5, 6-10,
+    1-10, 11-20, 1-20, 21-40; every answer's row) to ``args.out``
     and prints the summary; returns 0.
     """
     import httpx
@@ -71,6 +72,9 @@ def hog(args: argparse.Namespace) -> int:
 
     after = [r for r in rows if r["hog"]]
     out = {"kind": "hog", "profile": profile.id, "warmup": cov(rows[:args.warmup], "corrected_p95"),
+           "after_1": {k: cov(after[:1], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
+           "after_2_5": {k: cov(after[1:5], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
+           "after_6_10": {k: cov(after[5:10], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
            "after_1_10": {k: cov(after[:10], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
            "after_11_20": {k: cov(after[10:20], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
            "after_1_20": {k: cov(after[:20], f"{k}_p95") for k in ("corrected", "answers", "fitted")},

@@ -105,7 +105,38 @@ def report(out: Path) -> str:
                          f"{sum(1 for r in rs if r['status'] == 503)} rejected fast")
         if ans:
             lines.append(arm_figures(arm, ans))
+        refused = refusal_figures(arm, rs)
+        if refused:
+            lines.append(refused)
     return "\n".join(lines)
+
+
+def refusal_figures(arm: str, rows: list[dict[str, Any]]) -> str | None:
+    """One line of an arm's fast refusals (503 ``budget_unreachable``), None when there were none:
+    per cell with any, how many, where they were decided (``arrival``: on arrival, before
+    retrieval; ``granted``: when the model was granted), the predicted k = 0 TTFT they were refused
+    on against the budget (min-max ms), the client's time spent on them (sum of ``client_ms``),
+    and the ``Retry-After`` they were given (min-max s; rows from runs that recorded it)."""
+    cells: dict[tuple[str, float, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["status"] == 503:
+            cells.setdefault((r["load"], r["budget"], r["tokens"]), []).append(r)
+    if not cells:
+        return None
+
+    def span(v: list[float], spec: str) -> str:
+        return "-" if not v else f"{min(v):{spec}}-{max(v):{spec}}"
+
+    parts = []
+    for (load, budget, tokens), rs in cells.items():
+        where = Counter(r.get("where") or "?" for r in rs)
+        predicted = [float(r["predicted_ttft_ms"]) for r in rs if r.get("predicted_ttft_ms") is not None]
+        retry = [float(r["retry_after_s"]) for r in rs if r.get("retry_after_s") is not None]
+        client = sum(float(r.get("client_ms") or 0.0) for r in rs)
+        parts.append(f"{load} {budget:.0f} ms {tokens} tok: {len(rs)} ({dict(where)}), predicted "
+                     f"{span(predicted, '.0f')} ms, {client / 1000.0:.2f} s of client time, "
+                     f"Retry-After {span(retry, '.0f')} s")
+    return f"{arm} refusals: " + "; ".join(parts)
 
 
 def arm_figures(arm: str, answered: list[dict[str, Any]]) -> str:

@@ -27,3 +27,23 @@ def test_short_cells_expected_at_exactly_95_percent() -> None:
     # 19 answers allow no miss (0.95 x 19 = 18.05 within needed): short as soon as one misses.
     assert short_cell_odds([19]) == pytest.approx(1.0 - 0.95 ** 19)
     assert math.isclose(short_cell_odds([]), 0.0)
+
+
+def test_refusal_line_counts_each_cell_and_its_client_time() -> None:
+    from benchmarks.load_report import refusal_figures
+
+    def row(status: int, load: str, **kw: object) -> dict[str, object]:
+        return {"status": status, "load": load, "budget": 800.0, "tokens": 32, **kw}
+
+    rows = [row(200, "closed-4", client_ms=900.0),
+            row(503, "closed-4", client_ms=30.0, where="arrival", predicted_ttft_ms=812.0, retry_after_s=2.0),
+            row(503, "closed-4", client_ms=50.0, where="granted", predicted_ttft_ms=870.0, retry_after_s=5.0),
+            row(503, "poisson-0.3", client_ms=20.0, where="arrival", predicted_ttft_ms=804.0)]
+    line = refusal_figures("on", rows)
+    assert line is not None and line.startswith("on refusals: ")
+    closed, poisson = line.removeprefix("on refusals: ").split("; ")
+    assert closed == ("closed-4 800 ms 32 tok: 2 ({'arrival': 1, 'granted': 1}), predicted 812-870 ms, "
+                      "0.08 s of client time, Retry-After 2-5 s")
+    assert poisson == ("poisson-0.3 800 ms 32 tok: 1 ({'arrival': 1}), predicted 804-804 ms, "
+                       "0.02 s of client time, Retry-After - s")
+    assert refusal_figures("on", rows[:1]) is None  # nothing refused: no line
