@@ -26,7 +26,7 @@ online correction (what the plan used: learned from answers and scaled to the ma
 speed read from the engine's latest steps), with the correction learned from answers
 alone (its state when the request was planned, no live speed) and with the fitted
 profile alone (the same answer, predicted without correction). Reported: coverage over
-answers 1-10, 11-20, 1-20 and 21-40 after the hog started.
+answers 1, 2-5, 6-10, 1-10, 11-20, 1-20 and 21-40 after the hog started.
 
 ``--auth``: ``POST /v1/retrieve`` over HTTP, alternately to an app with a key
 check and to one without (same services, same process, same run); p50/p95 of
