@@ -91,7 +91,7 @@ class AnswerReceipts:
             question=p.request.question, ttft_budget_ms=p.budget_ms,
             # measured TTFT <= budget; None when no token came (nothing to measure).
             within_budget=within,
-            budget_miss_cause=(_miss_cause(p, row, spent_ms, state.queue_ms) if within is False
+            budget_miss_cause=(_miss_cause(p, row, spent_ms, state.queue_ms, prefill_ms) if within is False
                                else None),
             revision=p.retrieval.revision, chosen_k=k, binding=p.plan.binding,
             # predicted TTFT = measured pre-prefill overhead + the profile's prefill p50/p95,
@@ -211,14 +211,22 @@ class AnswerReceipts:
         )
 
 
-def _miss_cause(p: Prepared, row: Any, spent_ms: float | None, queue_ms: float | None) -> str:
-    """Why a measured TTFT went over budget: ``prefill`` (the plan fitted at p95 once the model
-    was free, so the prefill took longer than predicted), else what ate the budget before
-    prefill: ``queue`` (the wait for the model was the larger part) or ``overhead`` (auth,
-    parsing, retrieval, planning)."""
+def _miss_cause(p: Prepared, row: Any, spent_ms: float | None, queue_ms: float | None,
+                prefill_ms: float | None = None) -> str:
+    """Why a measured TTFT went over budget, ms in, one word out.
+
+    The overrun (TTFT - budget) is the sum of two parts: ``late`` = ``spent_ms`` (arrival to
+    model granted) + the chosen row's planned prefill p95 - budget (how far the plan was
+    already over when the model was free), and ``prefill_ms`` - that p95 (how far the prefill
+    ran past its prediction). ``prefill`` (misprediction) when the plan still fitted once the
+    model was free (``late <= 0``) or the prefill's part is the larger; else what ate the
+    budget before prefill: ``queue`` (the wait for the model was the larger part of
+    ``spent_ms``) or ``overhead`` (auth, parsing, retrieval, planning). ``overhead`` when
+    ``spent_ms`` or ``row`` is unknown."""
     if spent_ms is None or row is None:
         return "overhead"
-    if spent_ms + row.ttft_p95_ms <= p.budget_ms:
+    late = spent_ms + row.ttft_p95_ms - p.budget_ms
+    if late <= 0 or (prefill_ms is not None and prefill_ms - row.ttft_p95_ms >= late):
         return "prefill"
     q = queue_ms or 0.0
     return "queue" if q >= spent_ms - q else "overhead"

@@ -137,8 +137,10 @@ class Answer(BaseModel):
     question: str
     ttft_budget_ms: float
     within_budget: bool | None
-    budget_miss_cause: str | None = Field(None, description="when over budget: queue (the wait ate "
-                                          "it), prefill (misprediction) or overhead (auth, parsing, "
+    budget_miss_cause: str | None = Field(None, description="when over budget: prefill (the "
+                                          "prefill ran past its planned p95 by more than the plan "
+                                          "was over when the model was free: misprediction), else "
+                                          "queue (the wait ate it) or overhead (auth, parsing, "
                                           "retrieval, planning)")
     revision: int
     chosen_k: int

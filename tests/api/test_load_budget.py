@@ -423,3 +423,24 @@ def test_each_group_of_plans_gets_its_own_conformal_band() -> None:
     assert groups[ALONE]["p95_multiplier"] < groups[BATCHED]["p95_multiplier"]
     pooled_p95 = c.apply([100.0], [100.0], c.state())[1][0]
     assert by_group[ALONE] < pooled_p95 < by_group[BATCHED]
+
+
+def test_a_miss_is_blamed_on_the_larger_part_of_its_overrun() -> None:
+    """The overrun is (time spent + planned prefill p95 - budget) + (prefill - p95): the cause
+    is the larger part, ``prefill`` whenever the plan still fitted once the model was free."""
+    from types import SimpleNamespace
+
+    from app.answer_receipt import _miss_cause
+
+    p = SimpleNamespace(budget_ms=1200.0)
+    row = SimpleNamespace(ttft_p95_ms=1168.0)
+    # Fitted at grant (20 + 1168 <= 1200): a prefill past its p95 is the cause.
+    assert _miss_cause(p, row, 20.0, 0.0, 1250.0) == "prefill"
+    # 1 ms over at grant, then 249 ms past the p95 (the main job's first answer): prefill.
+    assert _miss_cause(p, row, 33.0, 0.0, 1417.0) == "prefill"
+    # 300 ms over at grant, prefill 10 ms past its p95: what came before prefill.
+    assert _miss_cause(p, row, 332.0, 300.0, 1178.0) == "queue"
+    assert _miss_cause(p, row, 332.0, 5.0, 1178.0) == "overhead"
+    # Prefill unknown: only the part before prefill can be read.
+    assert _miss_cause(p, row, 332.0, 5.0, None) == "overhead"
+    assert _miss_cause(p, None, 332.0, 5.0, 1178.0) == "overhead"
