@@ -17,7 +17,7 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from latency_model.planner import Plan, PrefillBand
 
@@ -110,7 +110,7 @@ class Arrivals:
             """The counted arrivals that miss with this answer at ``k``."""
             assert price is not None
             row = rows[k]
-            extra: list[Any] = [(row.computed_tokens, row.cached_tokens, p.max_new_tokens, None)]
+            extra: list[Entry] = [(row.computed_tokens, row.cached_tokens, p.max_new_tokens, None)]
             missed = []
             for r in counted:
                 p95 = float(price(extra).predict_ttft_many([own0.prompt_tokens], [own0.cached_tokens],

@@ -104,30 +104,34 @@ class GenerationQueue:
         with self._cond:
             return self._running
 
-    def _ahead(self) -> tuple[list[Ticket] | None, list[Ticket]]:
-        """One snapshot under the lock: ``(every ticket ahead of a request arriving now, the
-        running tickets)``; the first is None while a place is free and no one waits (no
-        wait). Places without a :class:`Ticket` are left out (their cost is unknown)."""
+    def _tickets(self) -> tuple[list[Ticket], list[Ticket] | None]:
+        """One snapshot under the lock: ``(running tickets, waiting tickets)``, the second None
+        while a place is free and no one waits (nothing to wait for). Places without a
+        :class:`Ticket` are left out (their cost is unknown)."""
         with self._cond:
             running = [t for t in self._running_places if isinstance(t, Ticket)]
             if not self._full() and not self._waiting:
-                return None, running
-            return running + [t for t in self._waiting if isinstance(t, Ticket)], running
+                return running, None
+            return running, [t for t in self._waiting if isinstance(t, Ticket)]
 
     def predicted_wait_ms(self) -> float:
         """How long a request arriving now would wait for the model, ms (see the module docstring).
 
         Places without a :class:`Ticket` count 0 (their cost is unknown).
         """
-        ahead, _ = self._ahead()
-        return float(sum(t.remaining_ms() for t in ahead)) / self.slots if ahead is not None else 0.0
+        running, waiting = self._tickets()
+        if waiting is None:
+            return 0.0
+        return float(sum(t.remaining_ms() for t in running + waiting)) / self.slots
 
     def min_wait_ms(self) -> float:
         """A lower bound of that wait, ms: the prefills still ahead, as if every answer ahead
         stopped at its first token. What a fast refusal is decided on, so that a request the
         model could have served in time is not refused on a pessimistic guess."""
-        ahead, _ = self._ahead()
-        return float(sum(t.min_remaining_ms() for t in ahead)) / self.slots if ahead is not None else 0.0
+        running, waiting = self._tickets()
+        if waiting is None:
+            return 0.0
+        return float(sum(t.min_remaining_ms() for t in running + waiting)) / self.slots
 
     def retry_after_ms(self) -> float:
         """When a request refused now should come back, ms: the predicted wait
@@ -135,13 +139,10 @@ class GenerationQueue:
         until one running answer releases its place (the batch it would join then shrinks);
         0 when nothing with a :class:`Ticket` runs. What a fast refusal's ``Retry-After`` says.
         Both read from one snapshot of the queue."""
-        ahead, running = self._ahead()
-        remaining = {id(t): t.remaining_ms() for t in running}  # each running ticket read once
-        wait = 0.0
-        if ahead is not None:
-            wait = float(sum(remaining[id(t)] if id(t) in remaining else t.remaining_ms()
-                             for t in ahead)) / self.slots
-        return max(wait, min(remaining.values(), default=0.0))
+        running, waiting = self._tickets()
+        left = [t.remaining_ms() for t in running]
+        wait = 0.0 if waiting is None else (sum(left) + sum(t.remaining_ms() for t in waiting)) / self.slots
+        return float(max(wait, min(left, default=0.0)))
 
     @contextmanager
     def slot(self, cancel: threading.Event | None = None,
