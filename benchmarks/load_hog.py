@@ -71,14 +71,11 @@ def hog(args: argparse.Namespace) -> int:
         return sum(1 for r in rs if r["prefill_ms"] <= r[key]) / len(rs) if rs else None
 
     after = [r for r in rows if r["hog"]]
+    blocks = {"after_1": (0, 1), "after_2_5": (1, 5), "after_6_10": (5, 10), "after_1_10": (0, 10),
+              "after_11_20": (10, 20), "after_1_20": (0, 20), "after_21_40": (20, 40)}
     out = {"kind": "hog", "profile": profile.id, "warmup": cov(rows[:args.warmup], "corrected_p95"),
-           "after_1": {k: cov(after[:1], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
-           "after_2_5": {k: cov(after[1:5], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
-           "after_6_10": {k: cov(after[5:10], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
-           "after_1_10": {k: cov(after[:10], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
-           "after_11_20": {k: cov(after[10:20], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
-           "after_1_20": {k: cov(after[:20], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
-           "after_21_40": {k: cov(after[20:40], f"{k}_p95") for k in ("corrected", "answers", "fitted")},
+           **{name: {k: cov(after[lo:hi], f"{k}_p95") for k in ("corrected", "answers", "fitted")}
+              for name, (lo, hi) in blocks.items()},
            "factor_end": after[-1]["factor"] if after else None, "rows": rows}
     with args.out.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(out) + "\n")

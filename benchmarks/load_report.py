@@ -144,8 +144,9 @@ def arm_figures(arm: str, answered: list[dict[str, Any]]) -> str:
     with >= 95 % of answers within budget (the issue's per-cell goal), how many of those short
     have no more misses than exactly 95 % coverage gives at least 5 % of the time, and how many
     cells exactly 95 % coverage would leave short (:func:`short_cell_odds`), mean budget used and
-    cells using >= 70 % of it, misses by cause, and the median of measured TTFT / planned p95
-    for answers alone (closed-1) and beside others (every other load)."""
+    cells using >= 70 % of it, misses by cause, the median of measured TTFT / planned p95
+    for answers alone (closed-1) and beside others (every other load), and mean budget used per
+    budget."""
     cells: dict[tuple[str, float, int], list[dict[str, Any]]] = {}
     for r in answered:
         cells.setdefault((r["load"], r["budget"], r["tokens"]), []).append(r)
@@ -179,6 +180,11 @@ def arm_figures(arm: str, answered: list[dict[str, Any]]) -> str:
     for r in answered:
         if r.get("p95_multiplier") is not None:
             mults.setdefault(r.get("correction_group") or "pooled", []).append(r["p95_multiplier"])
+    by_budget: dict[float, list[float]] = {}
+    for x in answered:
+        by_budget.setdefault(float(x["budget"]), []).append(x["ttft_ms"] / x["budget"])
+    line += "; mean budget used by budget " + ", ".join(
+        f"{b:.0f} ms {100 * statistics.mean(v):.1f} %" for b, v in sorted(by_budget.items()))
     if mults:
         line += "; p95 multiplier median " + ", ".join(
             f"{g} {statistics.median(v):.2f} (n={len(v)})" for g, v in sorted(mults.items()))

@@ -47,3 +47,14 @@ def test_refusal_line_counts_each_cell_and_its_client_time() -> None:
     assert poisson == ("poisson-0.3 800 ms 32 tok: 1 ({'arrival': 1}), predicted 804-804 ms, "
                        "0.02 s of client time, Retry-After - s")
     assert refusal_figures("on", rows[:1]) is None  # nothing refused: no line
+
+
+def test_arm_line_gives_mean_budget_used_per_budget() -> None:
+    from benchmarks.load_report import arm_figures
+
+    def row(budget: float, ttft: float) -> dict[str, object]:
+        return {"status": 200, "load": "closed-1", "budget": budget, "tokens": 32, "ttft_ms": ttft,
+                "within": ttft <= budget, "predicted_p95_ms": budget, "binding": "budget"}
+
+    line = arm_figures("on", [row(800.0, 400.0), row(800.0, 600.0), row(3000.0, 2700.0)])
+    assert "mean budget used by budget 800 ms 62.5 %, 3000 ms 90.0 %" in line
