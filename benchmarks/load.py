@@ -44,6 +44,7 @@ of the goals (4 clients vs serial, and vs 1 client).
     RAGBUDGET_DATA_DIR=/tmp/lb-data flock /tmp/ragbudget-cpu.lock \\
         python benchmarks/load.py --out docs/load.jsonl --per-cell 8
     python benchmarks/load.py --out docs/load.jsonl --report   # the markdown table
+    python benchmarks/load.py --out FILE --report --batching   # a --batching run's table
 """
 
 from __future__ import annotations
@@ -173,7 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.arm_list or any(a not in ARMS for a in args.arm_list):
         ap.error(f"--arms: a comma-separated subset of {','.join(ARMS)}, got {args.arms!r}")
     if args.report:
-        print(report(args.out))
+        if args.batching:  # a --batching run's file: its cells' table
+            from benchmarks.load_report import batching_report, read_rows
+
+            print(batching_report([r for r in read_rows(args.out) if r.get("kind") == "batching"]))
+        else:
+            print(report(args.out))
         return 0
     if args.hog:
         from benchmarks.load_hog import hog

@@ -214,7 +214,8 @@ def engine_sweep_report(cells: list[dict[str, Any]]) -> str:
 
 def batching_report(cells: list[dict[str, Any]]) -> str:
     """Markdown table of ``--batching`` cells with the ratios of the goals (4 clients batched:
-    goodput vs serial, TTFT p95 and TPOT vs 1 client batched)."""
+    goodput vs serial, TTFT p95 and TPOT vs 1 client batched), and, for keyed runs, the median and
+    max of the answers' key check time (``auth_ms`` of the cells' rows)."""
 
     def f(v: Any, spec: str = ".0f") -> str:
         return "-" if v is None else format(v, spec)
@@ -234,4 +235,9 @@ def batching_report(cells: list[dict[str, Any]]) -> str:
         lines.append(f"4 clients batched vs 1 client: TTFT p95 {b4['ttft_p95'] / b1['ttft_p95']:.2f}x")
     if b4 and b1 and b1["tpot_mean"] and b4["tpot_mean"] is not None:
         lines.append(f"4 clients batched vs 1 client: TPOT {b4['tpot_mean'] / b1['tpot_mean']:.2f}x")
+    auth = [float(x["auth_ms"]) for c in cells for x in c.get("rows") or []
+            if isinstance(x, dict) and x.get("auth_ms") is not None]
+    if auth:
+        lines.append(f"key check (auth_ms) over {len(auth)} keyed answers: median "
+                     f"{statistics.median(auth):.2f} ms, max {max(auth):.2f} ms")
     return "\n".join(lines)

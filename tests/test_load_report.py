@@ -58,3 +58,15 @@ def test_arm_line_gives_mean_budget_used_per_budget() -> None:
 
     line = arm_figures("on", [row(800.0, 400.0), row(800.0, 600.0), row(3000.0, 2700.0)])
     assert "mean budget used by budget 800 ms 62.5 %, 3000 ms 90.0 %" in line
+
+
+def test_batching_table_reports_the_key_check_of_keyed_answers() -> None:
+    from benchmarks.load_report import batching_report
+
+    cell = {"clients": 1, "arm": "batched", "within": 2, "requests": 2, "wall_s": 10.0,
+            "goodput_per_min": 12.0, "answers_per_min": 12.0, "ttft_p50": 900.0, "ttft_p95": 1000.0,
+            "tpot_mean": 100.0, "k_mean": 2.0,
+            "rows": [{"auth_ms": 0.2}, {"auth_ms": 0.4}, {"auth_ms": None}]}
+    out = batching_report([cell])
+    assert "key check (auth_ms) over 2 keyed answers: median 0.30 ms, max 0.40 ms" in out
+    assert "key check" not in batching_report([{**cell, "rows": [{"auth_ms": None}]}])
