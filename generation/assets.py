@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from foundation.compute import on_compute_thread
 from foundation.errors import InvalidConfig
 from foundation.hashing import sha256_file, sha256_json
 
@@ -127,6 +128,7 @@ def gguf_chat_template(gguf: Path) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
+@on_compute_thread
 def convert_gguf(gguf: Path, target: Path) -> Path:
     """Dequantise ``gguf`` once into an fp32 Hugging Face directory ``target``; return ``target``.
 

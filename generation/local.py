@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from foundation.compute import call as compute_call
+from foundation.compute import on_compute_thread
 from foundation.errors import BackendError, InvalidConfig, InvalidInput, RagBudgetError, TooLarge
 from generation.base import (
     ON_SUBMIT,
@@ -121,17 +123,21 @@ class LocalGenerator:
             raise InvalidConfig("max_running, step_token_budget and prefill_chunk must be >= 1")
         model_dir = Path(model_dir)
         self.device, self.dtype = resolve_device_dtype(device, dtype)
-        torch.set_num_threads(threads)
         self.threads = threads
         register_packed_attention()
-        try:
+
+        def load() -> Any:  # on the compute thread: its OpenMP team is the only one
+            torch.set_num_threads(threads)
             with quiet_weight_loading():
                 model = AutoModelForCausalLM.from_pretrained(
                     str(model_dir), dtype=getattr(torch, self.dtype), local_files_only=True,
                     attn_implementation=ATTN_NAME)
+            return model.to(self.device).eval()  # type: ignore[arg-type]
+
+        try:
+            self.model = compute_call(load)
         except (OSError, ValueError) as exc:
             raise InvalidConfig(f"cannot load a causal LM from {model_dir}: {exc}") from exc
-        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         self.config = self.model.config
         self.tokenizer: TextTokenizer = tokenizer or HFTextTokenizer(load_tokenizer(model_dir),
                                                                      name=str(model_dir))
@@ -219,6 +225,7 @@ class LocalGenerator:
         """True when the prefix cache holds the KV cache of exactly ``prefix_ids``."""
         return list(prefix_ids) in self.prefix_cache
 
+    @on_compute_thread
     def warm_prefix(self, prefix_ids: list[int]) -> float:
         """Compute and store the KV cache of ``prefix_ids`` (under the model lock); ms spent."""
         t0 = time.perf_counter()
@@ -228,6 +235,7 @@ class LocalGenerator:
                 self.engine.run_alone(self._sequence(ids, len(ids), GenParams(max_new_tokens=1)))
         return (time.perf_counter() - t0) * 1000.0
 
+    @on_compute_thread
     def prefill_ms(self, prompt_tokens: int, cached_tokens: int, *,
                    prefix_tokens: int | None = None, steps: list[StepRecord] | None = None) -> float:
         """Time the engine's prefill of one answer alone: cache copy + chunked prefill + first token, ms.
@@ -267,6 +275,7 @@ class LocalGenerator:
                 steps.extend(engine.recent_steps())
             return ms
 
+    @on_compute_thread
     def decode_step_ms(self, context_tokens: int) -> float:
         """Time one engine decode step of one answer alone after ``context_tokens``, ms.
 
@@ -291,6 +300,7 @@ class LocalGenerator:
             self._sync()
             return (time.perf_counter() - t0) * 1000.0
 
+    @on_compute_thread
     def step_ms(self, prefill_tokens: int, prefill_pos: int, decode_contexts: list[int],
                 prefill_needs_logits: bool = True) -> float:
         """Time one engine step of a mixed batch, ms: one prefill chunk of ``prefill_tokens`` at

@@ -50,6 +50,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from foundation.compute import compute
+
 #: On CPU a step (and the LM head) is padded to at least MIN_ROWS rows, in multiples of
 #: ROW_MULTIPLE: below that MKL sgemm takes other kernels and a row's bits change with the
 #: row count (measured, docs/receipts.md).
@@ -259,6 +261,10 @@ def _close_engine(ref: weakref.ReferenceType[Engine]) -> None:
 class Engine:
     """The step loop: admits, packs, runs one forward per step, routes tokens.
 
+    Steps run on the process's compute thread (``foundation.compute``), which calls
+    :meth:`step_once` between jobs, so answers run on the same OpenMP team as the
+    calibration timers; :meth:`run_alone` and ``_step`` must be called on that thread too.
+
     Args:
         model: a transformers causal LM whose attention implementation is :data:`ATTN_NAME`.
         device: torch device string.
@@ -288,25 +294,34 @@ class Engine:
         self._orders = itertools.count()  # prefill order: reserved at grant or taken at submit
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
-        self._thread: threading.Thread | None = None
+        self._attached = False
+        self._drained = threading.Event()
         self.steps = 0
         self.peak_rows_answers = 0  # most answers seen in one step (tests, metrics)
         self._log: deque[StepRecord] = deque(maxlen=STEP_LOG)
         self._log_lock = threading.Lock()
         self._stop = False
-        # Stop the step thread before the interpreter finalises: a thread still inside torch
-        # at exit aborts the process ("terminate called without an active exception").
+        # Cancel what is left before the interpreter finalises: the compute thread must not be
+        # inside torch at exit, which aborts the process ("terminate called without an active
+        # exception").
         atexit.register(_close_engine, weakref.ref(self))
 
     def close(self) -> None:
-        """Stop the step thread at the next step boundary; answers still running or waiting
-        end as cancelled. Waits up to 5 s for the thread."""
+        """Stop at the next step boundary; answers still running or waiting end as cancelled.
+        Waits up to 5 s for the compute thread to reach that boundary."""
         with self._cond:
             self._stop = True
-            thread = self._thread
+            attached = self._attached
             self._cond.notify_all()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5.0)
+        if not attached:
+            self._cancel_all()
+            return
+        ct = compute()
+        if ct.is_current():
+            self.step_once()
+            return
+        ct.wake()
+        self._drained.wait(timeout=5.0)
 
     # --- public ------------------------------------------------------------------------
     def reserve_order(self) -> int:
@@ -323,15 +338,20 @@ class Engine:
             if seq.order is None:
                 seq.order = next(self._orders)
             self._waiting.append(seq)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="ragbudget-engine", daemon=True)
-                self._thread.start()
+            attach = not self._attached
+            self._attached = True
             self._cond.notify_all()
+        if attach:
+            compute().attach(self)
+        else:
+            compute().wake()
 
     def wake(self) -> None:
         """Wake the step loop (after a cancel event was set, so it drops that answer now)."""
         with self._cond:
             self._cond.notify_all()
+        if self._attached:
+            compute().wake()
 
     def running_count(self) -> int:
         """Answers admitted to the engine now (prefilling or decoding)."""
@@ -378,45 +398,50 @@ class Engine:
             self._step([seq])
 
     # --- the loop ----------------------------------------------------------------------
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._waiting and not self._running:
-                    if self._stop or (not self._cond.wait(timeout=30.0)
-                                      and not self._waiting and not self._running):
-                        self._thread = None
-                        return
-                if self._stop:  # process exit: every answer still here ends as cancelled
-                    for seq in [*self._waiting, *self._running]:
-                        if not seq.done:
-                            self._finish(seq, "cancelled")
-                    self._waiting.clear()
-                    self._running = []
-                    self._thread = None
-                    return
-                for seq in [s for s in self._waiting if self._gone(s)]:  # left while waiting
-                    self._waiting.remove(seq)
+    def step_once(self) -> bool:
+        """One step of the running batch; the compute thread calls it between jobs
+        (``foundation.compute``). Admits waiting answers up to ``max_running``, drops those
+        whose consumer left, runs one forward. Returns True while answers remain."""
+        with self._cond:
+            if self._stop:  # closed (or process exit): every answer still here ends as cancelled
+                self._cancel_all()
+                return False
+            for seq in [s for s in self._waiting if self._gone(s)]:  # left while waiting
+                self._waiting.remove(seq)
+                self._finish(seq, "cancelled")
+            while self._waiting and len(self._running) < self.max_running:
+                self._running.append(self._waiting.popleft())
+            batch = list(self._running)
+        try:
+            for seq in batch:
+                if seq.admitted_t is None and not self._gone(seq):
+                    self._admit(seq)
+            live = [s for s in batch if not self._gone(s) and not s.done]
+            if live:
+                with self.lock:
+                    self._step(live)
+        except Exception as exc:  # the model failed: every answer in the step ends with it
+            for seq in batch:
+                if not seq.done:
+                    self._finish(seq, "error", exc)
+        with self._cond:
+            for seq in batch:
+                if self._gone(seq) and not seq.done:
                     self._finish(seq, "cancelled")
-                while self._waiting and len(self._running) < self.max_running:
-                    self._running.append(self._waiting.popleft())
-                batch = list(self._running)
-            try:
-                for seq in batch:
-                    if seq.admitted_t is None and not self._gone(seq):
-                        self._admit(seq)
-                live = [s for s in batch if not self._gone(s) and not s.done]
-                if live:
-                    with self.lock:
-                        self._step(live)
-            except Exception as exc:  # the model failed: every answer in the step ends with it
-                for seq in batch:
-                    if not seq.done:
-                        self._finish(seq, "error", exc)
-            with self._cond:
-                for seq in batch:
-                    if self._gone(seq) and not seq.done:
-                        self._finish(seq, "cancelled")
-                self._running = [s for s in self._running if not s.done]
+            self._running = [s for s in self._running if not s.done]
+            return bool(self._waiting or self._running)
+
+    def _cancel_all(self) -> None:
+        with self._cond:
+            for seq in [*self._waiting, *self._running]:
+                if not seq.done:
+                    self._finish(seq, "cancelled")
+            self._waiting.clear()
+            self._running = []
+            attached, self._attached = self._attached, False
+        if attached:
+            compute().detach(self)
+        self._drained.set()
 
     @staticmethod
     def _gone(seq: Sequence) -> bool:

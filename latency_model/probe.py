@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from foundation.compute import on_compute_thread
+
 
 def _best_matmul_s(torch: Any, threads: int, n: int, repeats: int) -> float:
     before = torch.get_num_threads()
@@ -29,6 +31,7 @@ def _best_matmul_s(torch: Any, threads: int, n: int, repeats: int) -> float:
         torch.set_num_threads(before)
 
 
+@on_compute_thread
 def probe_cpu(threads: int, *, matmul_n: int = 512, copy_mib: int = 64, repeats: int = 15) -> dict[str, Any]:
     """Measure fp32 matmul FLOP/s (torch) and memory copy bandwidth of this CPU.
 

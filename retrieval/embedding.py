@@ -27,6 +27,7 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from foundation.compute import call as compute_call
 from foundation.errors import InvalidConfig
 from foundation.hashing import canonical_json, sha256_file, sha256_json
 from foundation.provenance import utc_now_iso
@@ -112,8 +113,10 @@ class SentenceTransformerEmbedder:
     Args:
         path: local model directory (never downloaded).
         batch_size: documents per forward pass (fixed; part of the identity).
-        threads: torch intra-op threads, set before every forward pass in the
-            calling thread (``torch.set_num_threads`` is per OS thread under OpenMP).
+        threads: torch intra-op threads, set before every forward pass on the process's
+            compute thread, where every forward runs (``foundation.compute``: one OpenMP
+            team for the embedder and the generator; ``torch.set_num_threads`` is per OS
+            thread under OpenMP, so the thread's previous count is restored after).
         model_id: portable model name for the identity (default: from the path).
 
     Raises:
@@ -138,11 +141,19 @@ class SentenceTransformerEmbedder:
         self.threads = int(threads)
         self._lock = threading.Lock()
         self._torch = torch
-        torch.set_num_threads(self.threads)
-        # A PosixPath is not accepted as a model name by this sentence-transformers version.
-        with quiet_weight_loading():
-            self.model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
-        self.model.eval()
+
+        def load() -> Any:  # on the compute thread (foundation.compute): one OpenMP team
+            prev = torch.get_num_threads()
+            torch.set_num_threads(self.threads)
+            try:
+                # A PosixPath is not accepted as a model name by this sentence-transformers version.
+                with quiet_weight_loading():
+                    return SentenceTransformer(str(model_dir), device="cpu",
+                                               local_files_only=True).eval()
+            finally:
+                torch.set_num_threads(prev)
+
+        self.model = compute_call(load)
         get_dim = getattr(self.model, "get_embedding_dimension", None) or \
             self.model.get_sentence_embedding_dimension
         self.dim = int(get_dim() or 0)
@@ -166,13 +177,23 @@ class SentenceTransformerEmbedder:
         self.embedder_id = embedder_id_for(self.identity)
 
     def _encode(self, texts: list[str], batch_size: int) -> np.ndarray:
-        """The one forward path: ``(n, dim)`` float32 normalised vectors."""
+        """The one forward path: ``(n, dim)`` float32 normalised vectors, computed on the
+        process's compute thread (``foundation.compute``) at ``threads`` intra-op threads
+        (the thread's previous count is restored after)."""
         with self._lock:
-            if self._torch.get_num_threads() != self.threads:
-                self._torch.set_num_threads(self.threads)
-            out = self.model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
-                                    convert_to_numpy=True, show_progress_bar=False)
+            out = compute_call(self._forward, texts, batch_size)
         return np.ascontiguousarray(out, dtype=np.float32).reshape(len(texts), self.dim)
+
+    def _forward(self, texts: list[str], batch_size: int) -> Any:
+        prev = self._torch.get_num_threads()
+        if prev != self.threads:
+            self._torch.set_num_threads(self.threads)
+        try:
+            return self.model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
+                                     convert_to_numpy=True, show_progress_bar=False)
+        finally:
+            if prev != self.threads:
+                self._torch.set_num_threads(prev)
 
     def embed_documents(self, texts: list[str]) -> np.ndarray:
         """Embed chunk texts: ``(len(texts), dim)`` float32, L2-normalised, at ``batch_size``.

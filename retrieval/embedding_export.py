@@ -51,6 +51,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from foundation.compute import on_compute_thread
 from foundation.errors import InvalidConfig
 from foundation.hashing import sha256_file
 
@@ -136,6 +137,7 @@ def file_sha256(directory: Path, name: str) -> str:
     return actual
 
 
+@on_compute_thread
 def _export_plain(model_dir: Path, out: Path) -> None:
     """Trace the encoder of the sentence-transformers model in ``model_dir`` to ``out`` (ONNX)."""
     import warnings

