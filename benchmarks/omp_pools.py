@@ -1,15 +1,22 @@
-"""The same prefill timed on the main thread and on a second thread of one process.
+"""The same prefill timed by calibration's timer and served as an answer, in one process.
 
 PyTorch's CPU wheel runs intra-op work on OpenMP (libgomp). Each application thread that runs
 a parallel region gets its own OpenMP team, and once the process holds more OpenMP threads
-than CPUs, libgomp's idle team threads spin only briefly before sleeping (its "throttled"
-spin count), so each parallel region after a short gap pays a wake-up. The answer engine runs
-its steps on its own thread (``generation.scheduler.Engine``) while the main thread that loaded
-the model keeps its team; calibration's timers (``LocalGenerator.prefill_ms``) ran on the
-calling thread. This prints the median of ``--repeat`` prefills of ``--tokens`` tokens with
-``--cached`` cached, on the main thread and then on a new thread, and their ratio, with the
-OpenMP settings in the environment; run it under ``OMP_WAIT_POLICY=PASSIVE`` (idle threads
-sleep at once: the main thread pays the wake-ups too) or ``ACTIVE`` to compare.
+than CPUs, libgomp's idle team threads spin only briefly before sleeping, so each parallel
+region after a short gap pays a wake-up. Calibration's timer (``LocalGenerator.prefill_ms``)
+and served answers (``LocalGenerator.stream`` through the engine) must therefore run on one
+team, or the profile describes a faster machine than the one answers run on
+(``foundation.compute``).
+
+This prints, with the OpenMP settings in the environment:
+
+* ``timer``: the median of ``--repeat`` ``prefill_ms(tokens, cached)`` calls, made from the
+  main thread (the calibration path);
+* ``served``: the median prefill (``GenerationStats.prefill_ms``: cache copy, prefill, first
+  token) of ``--repeat`` one-token answers of the same prompt with the same cached scaffold,
+  one at a time, each asked from the next of four request threads after a query embedding
+  on that thread (what ``POST /v1/answer`` does before it generates);
+* ``served_over_timer``: their ratio (1.0: the profile describes served answers).
 
     RAGBUDGET_DATA_DIR=ragbudget-data python benchmarks/omp_pools.py
 """
@@ -21,7 +28,7 @@ import json
 import os
 import statistics
 import sys
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,30 +46,45 @@ def main(argv: list[str] | None = None) -> int:
     from app.services import Services
     from app.settings import get_settings
     from foundation.machine import cpu_model
+    from generation.base import GenParams
 
     services = Services(get_settings())
     gen = services.generator
-    got: dict[str, list[float]] = {}
+    embedder = services.embedder
+    ids = gen._synthetic_ids(args.tokens)  # the timer's own prompt
 
-    def timed(where: str) -> None:
-        got[where] = [gen.prefill_ms(args.tokens, args.cached) for _ in range(args.repeat)]
+    def served(i: int) -> float:
+        embedder.embed_query(f"how do I vacuum a table {i}")
+        for _ in gen.stream(ids, cached_prefix_ids=ids[:args.cached],
+                            params=GenParams(max_new_tokens=1)):
+            pass
+        stats = gen.last_stats
+        assert stats is not None and stats.cached_tokens == args.cached, stats
+        return float(stats.prefill_ms)
 
     try:
         gen.prefill_ms(args.tokens, args.cached)  # first call: loads and allocates, untimed
-        timed("main")
-        t = threading.Thread(target=timed, args=("thread",))
-        t.start()
-        t.join()
+        gen.warm_prefix(ids[:args.cached])
+        # Four request threads, asked in turn, one answer at a time (an answer alone).
+        pools = [ThreadPoolExecutor(1, thread_name_prefix=f"request-{i}") for i in range(4)]
+        try:
+            for i, pool in enumerate(pools):  # every request thread has embedded and asked once
+                pool.submit(served, i).result()
+            timer = [gen.prefill_ms(args.tokens, args.cached) for _ in range(args.repeat)]
+            answers = [pools[i % 4].submit(served, i).result() for i in range(args.repeat)]
+        finally:
+            for pool in pools:
+                pool.shutdown()
     finally:
         services.close()
-    med = {k: statistics.median(v) for k, v in got.items()}
+    med_t, med_s = statistics.median(timer), statistics.median(answers)
     print(json.dumps({"cpu": cpu_model(), "cores": os.cpu_count(), "tokens": args.tokens,
                       "cached": args.cached, "repeat": args.repeat,
                       "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
                                                               "GOMP_SPINCOUNT")},
-                      "main_ms": got["main"], "thread_ms": got["thread"],
-                      "main_median_ms": med["main"], "thread_median_ms": med["thread"],
-                      "thread_over_main": med["thread"] / med["main"]}))
+                      "timer_ms": timer, "served_ms": answers,
+                      "timer_median_ms": med_t, "served_median_ms": med_s,
+                      "served_over_timer": med_s / med_t}))
     return 0
 
 
