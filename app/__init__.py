@@ -2,3 +2,5 @@
 
 The only package that wires ``retrieval``, ``latency_model`` and ``receipts`` together.
 """
+
+import foundation  # noqa: F401  (sets the OpenMP spin count before torch loads)

@@ -10,13 +10,16 @@ team, or the profile describes a faster machine than the one answers run on
 
 This prints, with the OpenMP settings in the environment:
 
-* ``timer``: the median of ``--repeat`` ``prefill_ms(tokens, cached)`` calls, made from the
-  main thread (the calibration path);
+* ``alone``: the median of ``--repeat`` ``prefill_ms(tokens, cached)`` calls made from the
+  main thread before any other thread has run torch work (a ``ragbudget calibrate`` process);
+* ``timer``: the same after the request threads below have each embedded and answered once
+  (calibration inside a serving process);
 * ``served``: the median prefill (``GenerationStats.prefill_ms``: cache copy, prefill, first
   token) of ``--repeat`` one-token answers of the same prompt with the same cached scaffold,
   one at a time, each asked from the next of four request threads after a query embedding
   on that thread (what ``POST /v1/answer`` does before it generates);
-* ``served_over_timer``: their ratio (1.0: the profile describes served answers).
+* ``served_over_alone`` and ``served_over_timer``: the ratios (1.0: the profile describes
+  served answers).
 
     RAGBUDGET_DATA_DIR=ragbudget-data python benchmarks/omp_pools.py
 """
@@ -65,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         gen.prefill_ms(args.tokens, args.cached)  # first call: loads and allocates, untimed
         gen.warm_prefix(ids[:args.cached])
+        # Before any request thread exists: the process as `ragbudget calibrate` runs it.
+        alone = [gen.prefill_ms(args.tokens, args.cached) for _ in range(args.repeat)]
         # Four request threads, asked in turn, one answer at a time (an answer alone).
         pools = [ThreadPoolExecutor(1, thread_name_prefix=f"request-{i}") for i in range(4)]
         try:
@@ -77,14 +82,16 @@ def main(argv: list[str] | None = None) -> int:
                 pool.shutdown()
     finally:
         services.close()
-    med_t, med_s = statistics.median(timer), statistics.median(answers)
+    med_a, med_t, med_s = (statistics.median(alone), statistics.median(timer),
+                           statistics.median(answers))
     print(json.dumps({"cpu": cpu_model(), "cores": os.cpu_count(), "tokens": args.tokens,
                       "cached": args.cached, "repeat": args.repeat,
                       "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
                                                               "GOMP_SPINCOUNT")},
-                      "timer_ms": timer, "served_ms": answers,
-                      "timer_median_ms": med_t, "served_median_ms": med_s,
-                      "served_over_timer": med_s / med_t}))
+                      "alone_ms": alone, "timer_ms": timer, "served_ms": answers,
+                      "alone_median_ms": med_a, "timer_median_ms": med_t,
+                      "served_median_ms": med_s, "served_over_timer": med_s / med_t,
+                      "served_over_alone": med_s / med_a}))
     return 0
 
 

@@ -19,3 +19,5 @@ from __future__ import annotations
 from generation.base import GenerationStats, Generator, GenParams, TokenEvent
 
 __all__ = ["Generator", "GenerationStats", "GenParams", "TokenEvent"]
+
+import foundation  # noqa: F401  (sets the OpenMP spin count before torch loads)

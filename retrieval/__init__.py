@@ -2,3 +2,5 @@
 
 Knows nothing of HTTP or generation.
 """
+
+import foundation  # noqa: F401  (sets the OpenMP spin count before torch loads)

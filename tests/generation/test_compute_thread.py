@@ -8,6 +8,9 @@ same prefill served as an answer took 1.56x the time calibration had measured
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -93,3 +96,14 @@ def test_timers_answers_and_embeddings_all_run_on_the_compute_thread(local_gener
         for h in hooks:
             h.remove()
     assert seen == {compute()._thread.name} == {"ragbudget-compute"}
+
+
+def test_the_openmp_spin_count_is_set_before_torch_loads_and_an_operators_own_wins() -> None:
+    code = ("import generation, os, sys; assert 'torch' not in sys.modules; "
+            "print(os.environ['GOMP_SPINCOUNT'])")
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    run = [sys.executable, "-c", code]
+    assert subprocess.run(run, env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == "3000"
+    assert subprocess.run(run, env={**env, "GOMP_SPINCOUNT": "77"}, capture_output=True,
+                          text=True, check=True).stdout.strip() == "77"
