@@ -31,17 +31,9 @@ from generation.base import (
     IncrementalDetokenizer,
     TokenEvent,
 )
+from generation.packed_attention import ATTN_NAME, SeqKV, register_packed_attention
 from generation.prefix_cache import PrefixKVCache
-from generation.scheduler import (
-    ATTN_NAME,
-    MIN_ROWS,
-    ROW_MULTIPLE,
-    Engine,
-    SeqKV,
-    Sequence,
-    StepRecord,
-    register_packed_attention,
-)
+from generation.scheduler import MIN_ROWS, ROW_MULTIPLE, Engine, Sequence, StepRecord
 from retrieval.tokens import HFTextTokenizer, TextTokenizer
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}

@@ -31,10 +31,8 @@ in the step, or when it arrived), established as follows:
   those chunks produce, so a cache hit and a miss compute the same bits.
   ``prefill_chunk`` is recorded in the generator identity (receipts).
 
-The attention runs inside the transformers model through a registered
-attention function (``transformers.AttentionInterface``), so any decoder whose
-attention modules call the attention interface with ``layer_idx`` works; the
-packing state travels as the ``ragbudget_step`` keyword argument.
+The attention over each answer's own KV buffer is
+:mod:`generation.packed_attention`.
 """
 
 from __future__ import annotations
@@ -50,7 +48,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from foundation.compute import compute
+from foundation.compute import compute, torch_threads
+from generation.packed_attention import Segment, SeqKV, StepContext
 
 #: On CPU a step (and the LM head) is padded to at least MIN_ROWS rows, in multiples of
 #: ROW_MULTIPLE: below that MKL sgemm takes other kernels and a row's bits change with the
@@ -79,132 +78,6 @@ def padded_rows(n: int, fixed: int | None = None) -> int:
     if fixed is not None and fixed >= n:
         return fixed
     return max(MIN_ROWS, -(-n // ROW_MULTIPLE) * ROW_MULTIPLE)
-
-ATTN_NAME = "ragbudget_packed"
-
-
-class SeqKV:
-    """One answer's KV: per layer a ``(capacity, kv_heads, head_dim)`` buffer for K and V.
-
-    Laid out token-major so a prefix view ``buf[:L]`` has strides independent of the capacity.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.k: dict[int, Any] = {}
-        self.v: dict[int, Any] = {}
-
-    def buffers(self, layer: int, like: Any) -> tuple[Any, Any]:
-        """The layer's (K, V) buffers, allocated on first use like ``like`` (``(1, H, T, D)``)."""
-        kb = self.k.get(layer)
-        if kb is None:
-            import torch
-
-            shape = (self.capacity, int(like.shape[1]), int(like.shape[3]))  # (T_max, kv_heads, head_dim)
-            kb = torch.zeros(shape, dtype=like.dtype, device=like.device)
-            self.k[layer] = kb
-            self.v[layer] = torch.zeros(shape, dtype=like.dtype, device=like.device)
-        return kb, self.v[layer]
-
-    def allocate(self, layers: int, kv_heads: int, head_dim: int, dtype: Any, device: Any) -> None:
-        """Allocate every layer's (zeroed) buffers now, ``(capacity, kv_heads, head_dim)`` each, so
-        a timed step does not pay for them (step calibration runs on such stand-in caches)."""
-        import torch
-
-        for layer in range(layers):
-            self.k[layer] = torch.zeros((self.capacity, kv_heads, head_dim), dtype=dtype, device=device)
-            self.v[layer] = torch.zeros_like(self.k[layer])
-
-    def load_prefix(self, prefix: dict[int, tuple[Any, Any]]) -> None:
-        """Copy a stored prefix (layer -> (K, V) of shape ``(P, H, D)``) into the buffers."""
-        import torch
-
-        for layer, (k, v) in prefix.items():
-            # (T_max, kv_heads, head_dim)
-            kb = torch.zeros((self.capacity, *k.shape[1:]), dtype=k.dtype, device=k.device)
-            vb = torch.zeros_like(kb)
-            kb[: k.shape[0]].copy_(k)  # (P, kv_heads, head_dim)
-            vb[: v.shape[0]].copy_(v)
-            self.k[layer], self.v[layer] = kb, vb
-
-    def export_prefix(self, length: int) -> dict[int, tuple[Any, Any]]:
-        """Private copies of the first ``length`` tokens of every layer (for the prefix cache)."""
-        return {layer: (self.k[layer][:length].clone(), self.v[layer][:length].clone())
-                for layer in self.k}
-
-
-@dataclass
-class Segment:
-    """The rows ``[row, row + n)`` of a step belong to one answer at positions ``[pos, pos + n)``."""
-
-    kv: SeqKV
-    row: int
-    n: int
-    pos: int
-
-
-@dataclass
-class StepContext:
-    """What one engine step hands to :func:`packed_attention` (as the ``ragbudget_step`` model
-    kwarg): the step's packed rows split into :class:`Segment` s, one per answer."""
-
-    segments: list[Segment]
-
-
-def packed_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
-                     dropout: float = 0.0, scaling: float | None = None,
-                     **kwargs: Any) -> tuple[Any, None]:
-    """Attention function for ``transformers.AttentionInterface``: each segment over its own KV.
-
-    ``query`` is ``(1, heads, rows, head_dim)``, ``key``/``value`` ``(1, kv_heads, rows, head_dim)``
-    (RoPE applied); the new K/V are written into each answer's buffer at its positions and
-    the segment's queries attend to positions ``<= their own`` (within ``sliding_window`` when
-    the layer has one). Padding rows get zeros. Returns ``((1, rows, heads, head_dim), None)``.
-
-    Raises:
-        RuntimeError: called without a ``ragbudget_step`` context, or with logit soft-capping
-            (not implemented here).
-    """
-    import torch
-    import torch.nn.functional as F
-
-    ctx: StepContext | None = kwargs.get("ragbudget_step")
-    if ctx is None:
-        raise RuntimeError("packed attention needs the ragbudget_step context")
-    if kwargs.get("softcap") is not None:
-        raise RuntimeError("attention logit soft-capping is not supported by the packed engine")
-    window = kwargs.get("sliding_window")
-    layer = int(module.layer_idx)
-    rows, heads = int(query.shape[2]), int(query.shape[1])
-    out = query.new_zeros((1, rows, heads, int(value.shape[3])))  # (1, rows, heads, head_dim)
-    for seg in ctx.segments:
-        s, n, p0 = seg.row, seg.n, seg.pos
-        kb, vb = seg.kv.buffers(layer, key)
-        kb[p0:p0 + n] = key[0, :, s:s + n].transpose(0, 1)  # (n, kv_heads, head_dim)
-        vb[p0:p0 + n] = value[0, :, s:s + n].transpose(0, 1)  # (n, kv_heads, head_dim)
-        length = p0 + n
-        k = kb[:length].transpose(0, 1).unsqueeze(0)  # (1, kv_heads, length, head_dim)
-        v = vb[:length].transpose(0, 1).unsqueeze(0)  # (1, kv_heads, length, head_dim)
-        q = query[:, :, s:s + n].contiguous()  # (1, heads, n, head_dim)
-        mask = None
-        if n > 1 or window:
-            qpos = torch.arange(p0, p0 + n, device=query.device).unsqueeze(1)  # (n, 1)
-            kpos = torch.arange(0, length, device=query.device).unsqueeze(0)  # (1, length)
-            mask = kpos <= qpos  # (n, length), True = attend
-            if window:
-                mask = mask & (kpos > qpos - int(window))
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling,
-                                           enable_gqa=heads != int(k.shape[1]))  # (1, heads, n, head_dim)
-        out[0, s:s + n] = o[0].transpose(0, 1)  # (n, heads, head_dim)
-    return out, None
-
-
-def register_packed_attention() -> None:
-    """Register :func:`packed_attention` with transformers under :data:`ATTN_NAME` (idempotent)."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTN_NAME, packed_attention)
-
 
 # --- answers and the engine -------------------------------------------------------------
 
@@ -266,7 +139,8 @@ class Engine:
     calibration timers; :meth:`run_alone` and ``_step`` must be called on that thread too.
 
     Args:
-        model: a transformers causal LM whose attention implementation is :data:`ATTN_NAME`.
+        model: a transformers causal LM whose attention implementation is
+            :data:`generation.packed_attention.ATTN_NAME`.
         device: torch device string.
         lock: the model lock (held for each step; calibration timers hold it too).
         prefix_lookup: ``prefix_ids -> (kv dict, last_logits) | None``.
@@ -552,9 +426,7 @@ class Engine:
         """One model forward over the packed rows; logits of the ``keep`` rows, ``(len(keep), vocab)``."""
         import torch
 
-        if self.threads is not None and torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)
-        with torch.inference_mode():
+        with torch_threads(self.threads, restore=False), torch.inference_mode():
             x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, rows)
             pos = torch.tensor([positions], dtype=torch.long, device=self.device)  # (1, rows)
             out = self.model(input_ids=x, position_ids=pos, use_cache=False,

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from generation.scheduler import ATTN_NAME, Engine, Sequence, padded_rows, register_packed_attention
+from generation.packed_attention import ATTN_NAME, register_packed_attention
+from generation.scheduler import Engine, Sequence, padded_rows
 
 
 def _tiny(kind: str) -> Any:

@@ -1,0 +1,143 @@
+"""Packed attention: one engine step's rows, each answer's rows over that answer's own KV.
+
+The engine (:mod:`generation.scheduler`) packs the rows of several answers into one
+forward. Linear layers work row by row; attention must not mix answers. So the model's
+attention modules call :func:`packed_attention` (registered with
+``transformers.AttentionInterface`` under :data:`ATTN_NAME`), which splits the step's rows
+into :class:`Segment` s, writes each segment's new K/V into its answer's :class:`SeqKV`
+at its positions, and attends each segment's queries over that answer's buffer only, with
+shapes that depend on the answer alone (its chunk length and position): an answer's bits do
+not depend on its batch mates (docs/receipts.md, batch invariance). Any decoder whose
+attention modules call the attention interface with ``layer_idx`` works; the packing state
+travels as the ``ragbudget_step`` keyword argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ATTN_NAME = "ragbudget_packed"
+
+
+class SeqKV:
+    """One answer's KV: per layer a ``(capacity, kv_heads, head_dim)`` buffer for K and V.
+
+    Laid out token-major so a prefix view ``buf[:L]`` has strides independent of the capacity.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.k: dict[int, Any] = {}
+        self.v: dict[int, Any] = {}
+
+    def buffers(self, layer: int, like: Any) -> tuple[Any, Any]:
+        """The layer's (K, V) buffers, allocated on first use like ``like`` (``(1, H, T, D)``)."""
+        kb = self.k.get(layer)
+        if kb is None:
+            import torch
+
+            shape = (self.capacity, int(like.shape[1]), int(like.shape[3]))  # (T_max, kv_heads, head_dim)
+            kb = torch.zeros(shape, dtype=like.dtype, device=like.device)
+            self.k[layer] = kb
+            self.v[layer] = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        return kb, self.v[layer]
+
+    def allocate(self, layers: int, kv_heads: int, head_dim: int, dtype: Any, device: Any) -> None:
+        """Allocate every layer's (zeroed) buffers now, ``(capacity, kv_heads, head_dim)`` each, so
+        a timed step does not pay for them (step calibration runs on such stand-in caches)."""
+        import torch
+
+        for layer in range(layers):
+            self.k[layer] = torch.zeros((self.capacity, kv_heads, head_dim), dtype=dtype, device=device)
+            self.v[layer] = torch.zeros_like(self.k[layer])
+
+    def load_prefix(self, prefix: dict[int, tuple[Any, Any]]) -> None:
+        """Copy a stored prefix (layer -> (K, V) of shape ``(P, H, D)``) into the buffers."""
+        import torch
+
+        for layer, (k, v) in prefix.items():
+            # (T_max, kv_heads, head_dim)
+            kb = torch.zeros((self.capacity, *k.shape[1:]), dtype=k.dtype, device=k.device)
+            vb = torch.zeros_like(kb)
+            kb[: k.shape[0]].copy_(k)  # (P, kv_heads, head_dim)
+            vb[: v.shape[0]].copy_(v)
+            self.k[layer], self.v[layer] = kb, vb
+
+    def export_prefix(self, length: int) -> dict[int, tuple[Any, Any]]:
+        """Private copies of the first ``length`` tokens of every layer (for the prefix cache)."""
+        return {layer: (self.k[layer][:length].clone(), self.v[layer][:length].clone())
+                for layer in self.k}
+
+
+@dataclass
+class Segment:
+    """The rows ``[row, row + n)`` of a step belong to one answer at positions ``[pos, pos + n)``."""
+
+    kv: SeqKV
+    row: int
+    n: int
+    pos: int
+
+
+@dataclass
+class StepContext:
+    """What one engine step hands to :func:`packed_attention` (as the ``ragbudget_step`` model
+    kwarg): the step's packed rows split into :class:`Segment` s, one per answer."""
+
+    segments: list[Segment]
+
+
+def packed_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                     dropout: float = 0.0, scaling: float | None = None,
+                     **kwargs: Any) -> tuple[Any, None]:
+    """Attention function for ``transformers.AttentionInterface``: each segment over its own KV.
+
+    ``query`` is ``(1, heads, rows, head_dim)``, ``key``/``value`` ``(1, kv_heads, rows, head_dim)``
+    (RoPE applied); the new K/V are written into each answer's buffer at its positions and
+    the segment's queries attend to positions ``<= their own`` (within ``sliding_window`` when
+    the layer has one). Padding rows get zeros. Returns ``((1, rows, heads, head_dim), None)``.
+
+    Raises:
+        RuntimeError: called without a ``ragbudget_step`` context, or with logit soft-capping
+            (not implemented here).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    ctx: StepContext | None = kwargs.get("ragbudget_step")
+    if ctx is None:
+        raise RuntimeError("packed attention needs the ragbudget_step context")
+    if kwargs.get("softcap") is not None:
+        raise RuntimeError("attention logit soft-capping is not supported by the packed engine")
+    window = kwargs.get("sliding_window")
+    layer = int(module.layer_idx)
+    rows, heads = int(query.shape[2]), int(query.shape[1])
+    out = query.new_zeros((1, rows, heads, int(value.shape[3])))  # (1, rows, heads, head_dim)
+    for seg in ctx.segments:
+        s, n, p0 = seg.row, seg.n, seg.pos
+        kb, vb = seg.kv.buffers(layer, key)
+        kb[p0:p0 + n] = key[0, :, s:s + n].transpose(0, 1)  # (n, kv_heads, head_dim)
+        vb[p0:p0 + n] = value[0, :, s:s + n].transpose(0, 1)  # (n, kv_heads, head_dim)
+        length = p0 + n
+        k = kb[:length].transpose(0, 1).unsqueeze(0)  # (1, kv_heads, length, head_dim)
+        v = vb[:length].transpose(0, 1).unsqueeze(0)  # (1, kv_heads, length, head_dim)
+        q = query[:, :, s:s + n].contiguous()  # (1, heads, n, head_dim)
+        mask = None
+        if n > 1 or window:
+            qpos = torch.arange(p0, p0 + n, device=query.device).unsqueeze(1)  # (n, 1)
+            kpos = torch.arange(0, length, device=query.device).unsqueeze(0)  # (1, length)
+            mask = kpos <= qpos  # (n, length), True = attend
+            if window:
+                mask = mask & (kpos > qpos - int(window))
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling,
+                                           enable_gqa=heads != int(k.shape[1]))  # (1, heads, n, head_dim)
+        out[0, s:s + n] = o[0].transpose(0, 1)  # (n, heads, head_dim)
+    return out, None
+
+
+def register_packed_attention() -> None:
+    """Register :func:`packed_attention` with transformers under :data:`ATTN_NAME` (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, packed_attention)
