@@ -28,13 +28,14 @@ idle), numpy, FAISS (its own OpenMP runtime).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
 import os
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
@@ -190,3 +191,28 @@ def on_compute_thread(fn: Callable[..., T]) -> Callable[..., T]:
         return compute().call(fn, *args, **kwargs)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None, *, restore: bool = True) -> Iterator[None]:
+    """Run the block at ``n`` torch intra-op threads (``torch.set_num_threads``) on this thread.
+
+    The compute thread is shared, so its count is whatever its last user set: each torch
+    user (the embedder, the engine's steps, the CPU probe) runs at its own count. Sets the
+    count only when it differs; with ``restore`` puts the previous count back after the block.
+    The engine passes ``restore=False``: it runs every step and the next user sets its own,
+    so flipping back and forth per step would only cost. ``n=None``: no change.
+    """
+    if n is None:
+        yield
+        return
+    import torch
+
+    prev = torch.get_num_threads()
+    if prev != n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if restore and prev != n:
+            torch.set_num_threads(prev)

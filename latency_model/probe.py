@@ -11,13 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from foundation.compute import on_compute_thread
+from foundation.compute import on_compute_thread, torch_threads
 
 
 def _best_matmul_s(torch: Any, threads: int, n: int, repeats: int) -> float:
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         a = torch.randn(n, n, dtype=torch.float32)  # (n, n)
         b = torch.randn(n, n, dtype=torch.float32)  # (n, n)
         torch.mm(a, b)  # (n, n) @ (n, n) -> (n, n), 2 n^3 FLOP; warm-up
@@ -27,8 +25,6 @@ def _best_matmul_s(torch: Any, threads: int, n: int, repeats: int) -> float:
             torch.mm(a, b)  # (n, n) @ (n, n) -> (n, n)
             best = min(best, time.perf_counter() - t0)
         return best
-    finally:
-        torch.set_num_threads(before)
 
 
 @on_compute_thread

@@ -28,6 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from foundation.compute import call as compute_call
+from foundation.compute import torch_threads
 from foundation.errors import InvalidConfig
 from foundation.hashing import canonical_json, sha256_file, sha256_json
 from foundation.provenance import utc_now_iso
@@ -140,18 +141,12 @@ class SentenceTransformerEmbedder:
         self.batch_size = int(batch_size)
         self.threads = int(threads)
         self._lock = threading.Lock()
-        self._torch = torch
 
         def load() -> Any:  # on the compute thread (foundation.compute): one OpenMP team
-            prev = torch.get_num_threads()
-            torch.set_num_threads(self.threads)
-            try:
-                # A PosixPath is not accepted as a model name by this sentence-transformers version.
-                with quiet_weight_loading():
-                    return SentenceTransformer(str(model_dir), device="cpu",
-                                               local_files_only=True).eval()
-            finally:
-                torch.set_num_threads(prev)
+            # A PosixPath is not accepted as a model name by this sentence-transformers version.
+            with torch_threads(self.threads), quiet_weight_loading():
+                return SentenceTransformer(str(model_dir), device="cpu",
+                                           local_files_only=True).eval()
 
         self.model = compute_call(load)
         get_dim = getattr(self.model, "get_embedding_dimension", None) or \
@@ -185,15 +180,9 @@ class SentenceTransformerEmbedder:
         return np.ascontiguousarray(out, dtype=np.float32).reshape(len(texts), self.dim)
 
     def _forward(self, texts: list[str], batch_size: int) -> Any:
-        prev = self._torch.get_num_threads()
-        if prev != self.threads:
-            self._torch.set_num_threads(self.threads)
-        try:
+        with torch_threads(self.threads):
             return self.model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
                                      convert_to_numpy=True, show_progress_bar=False)
-        finally:
-            if prev != self.threads:
-                self._torch.set_num_threads(prev)
 
     def embed_documents(self, texts: list[str]) -> np.ndarray:
         """Embed chunk texts: ``(len(texts), dim)`` float32, L2-normalised, at ``batch_size``.

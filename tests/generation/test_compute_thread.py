@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from foundation.compute import ComputeThread, compute
+from foundation.compute import ComputeThread, compute, torch_threads
 from generation.base import GenParams
 
 
@@ -35,6 +35,35 @@ def test_a_job_runs_on_the_compute_thread_and_its_error_reaches_the_caller() -> 
         ct.stop()
     with pytest.raises(RuntimeError, match="stopped"):
         ct.call(lambda: None)
+
+
+def test_torch_threads_sets_the_count_for_the_block_and_restores_it_unless_told_not_to() -> None:
+    import torch
+
+    def run() -> list[int]:
+        seen = []
+        base = torch.get_num_threads()
+        other = 1 if base != 1 else 2
+        with torch_threads(other):
+            seen.append(torch.get_num_threads())
+        seen.append(torch.get_num_threads())  # restored
+        with pytest.raises(ValueError), torch_threads(other):
+            raise ValueError("restored on an error too")
+        seen.append(torch.get_num_threads())
+        with torch_threads(None):  # no change
+            seen.append(torch.get_num_threads())
+        with torch_threads(other, restore=False):  # the engine's steps: left at its own count
+            pass
+        seen.append(torch.get_num_threads())
+        torch.set_num_threads(base)
+        return [base, other, *seen]
+
+    ct = ComputeThread(name="test-threads")
+    try:
+        base, other, inside, after, after_error, unchanged, left = ct.call(run)
+    finally:
+        ct.stop()
+    assert (inside, after, after_error, unchanged, left) == (other, base, base, base, other)
 
 
 def test_jobs_run_between_the_steps_of_a_busy_stepper() -> None:
