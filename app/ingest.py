@@ -27,8 +27,9 @@ from retrieval.document_ids import check_document_id, printable
 from retrieval.store import IngestItem, IngestReport, ItemResult
 
 #: Where the shipped ``.deb`` files of the real corpus are looked for first
-#: (``../shared/corpora`` next to the repository).
-SHARED_CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
+#: (``../shared/corpora`` next to the repository, or ``$RAGBUDGET_SHARED_DIR/corpora``).
+SHARED_CORPORA = Path(os.environ.get("RAGBUDGET_SHARED_DIR")
+                      or Path(__file__).resolve().parents[2] / "shared").expanduser() / "corpora"
 
 
 @dataclass

@@ -19,9 +19,16 @@ from app.db import open_database
 from app.settings import Settings, get_settings
 
 PG_BASE = os.environ.get("RAGBUDGET_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
+# The edge-case inputs (cases/) and the real corpora (corpora/) live beside the checkout in
+# ../shared; RAGBUDGET_SHARED_DIR points elsewhere (a clone that does not sit beside it).
+SHARED = Path(os.environ.get("RAGBUDGET_SHARED_DIR")
+              or Path(__file__).resolve().parent.parent.parent / "shared").expanduser()
 CASES = SHARED / "cases"
 CORPORA = SHARED / "corpora"
+if not CASES.is_dir():
+    raise pytest.UsageError(
+        f"the test inputs are missing: no {CASES} (the suite reads ../shared/cases beside the "
+        "checkout; set RAGBUDGET_SHARED_DIR to the folder holding cases/ and corpora/)")
 # One export of the default (onnx, int8) embedder for the whole suite: every data directory
 # that builds the real embedder reuses the graphs here instead of exporting its own.
 # Exports are written atomically under a lock, so parallel processes share them safely.
