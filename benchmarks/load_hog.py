@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -66,18 +67,47 @@ def hog(args: argparse.Namespace) -> int:
         server.stop()
         services.close()
 
-    def cov(rs: list[dict[str, Any]], key: str) -> float | None:
-        rs = [r for r in rs if r["prefill_ms"] is not None]
-        return sum(1 for r in rs if r["prefill_ms"] <= r[key]) / len(rs) if rs else None
-
-    after = [r for r in rows if r["hog"]]
-    blocks = {"after_1": (0, 1), "after_2_5": (1, 5), "after_6_10": (5, 10), "after_1_10": (0, 10),
-              "after_11_20": (10, 20), "after_1_20": (0, 20), "after_21_40": (20, 40)}
-    out = {"kind": "hog", "profile": profile.id, "warmup": cov(rows[:args.warmup], "corrected_p95"),
-           **{name: {k: cov(after[lo:hi], f"{k}_p95") for k in ("corrected", "answers", "fitted")}
-              for name, (lo, hi) in blocks.items()},
-           "factor_end": after[-1]["factor"] if after else None, "rows": rows}
+    out = {"kind": "hog", "profile": profile.id, **summarise(rows, args.warmup), "rows": rows}
     with args.out.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(out) + "\n")
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1))
     return 0
+
+
+#: Blocks of answers after the hog started, ``[lo, hi)`` (0-based), the summary reports.
+BLOCKS = {"after_1": (0, 1), "after_2_5": (1, 5), "after_6_10": (5, 10), "after_1_10": (0, 10),
+          "after_11_20": (10, 20), "after_1_20": (0, 20), "after_21_40": (20, 40)}
+
+
+def summarise(rows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """The hog run's summary from its per-answer rows (``hog`` False for the ``warmup`` answers
+    before it started, True after).
+
+    Returns ``warmup``: the corrected p95's coverage of the measured prefill before the hog;
+    per block of :data:`BLOCKS`: the coverage (share of answers with ``prefill_ms <= p95``) of
+    the ``corrected``, ``answers`` (correction from answers alone) and ``fitted`` p95, None
+    for an empty block; ``prefill_over_fitted_p50``: the median of measured prefill / fitted
+    p50 prefill before (``warmup``) and after (``hog``) the hog started, how much slower the
+    machine ran than the profile said; ``k``: ``[min, max]`` chosen k before and after;
+    ``factor_end``: the last answer's correction factor.
+    """
+    def cov(rs: list[dict[str, Any]], key: str) -> float | None:
+        rs = [r for r in rs if r["prefill_ms"] is not None]
+        return sum(1 for r in rs if r["prefill_ms"] <= r[key]) / len(rs) if rs else None
+
+    def ratio(rs: list[dict[str, Any]]) -> float | None:
+        xs = [r["prefill_ms"] / r["fitted_p50"] for r in rs
+              if r["prefill_ms"] is not None and r["fitted_p50"] > 0]
+        return round(statistics.median(xs), 3) if xs else None
+
+    def k_range(rs: list[dict[str, Any]]) -> list[int] | None:
+        ks = [r["k"] for r in rs]
+        return [min(ks), max(ks)] if ks else None
+
+    before, after = rows[:warmup], [r for r in rows if r["hog"]]
+    return {"warmup": cov(before, "corrected_p95"),
+            **{name: {k: cov(after[lo:hi], f"{k}_p95") for k in ("corrected", "answers", "fitted")}
+               for name, (lo, hi) in BLOCKS.items()},
+            "prefill_over_fitted_p50": {"warmup": ratio(before), "hog": ratio(after)},
+            "k": {"warmup": k_range(before), "hog": k_range(after)},
+            "factor_end": after[-1]["factor"] if after else None}

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from benchmarks.load_hog import summarise
 from benchmarks.load_report import binomial_tail, short_cell_odds
 
 
@@ -70,3 +71,25 @@ def test_batching_table_reports_the_key_check_of_keyed_answers() -> None:
     out = batching_report([cell])
     assert "key check (auth_ms) over 2 keyed answers: median 0.30 ms, max 0.40 ms" in out
     assert "key check" not in batching_report([{**cell, "rows": [{"auth_ms": None}]}])
+
+
+def test_hog_summary_gives_coverage_per_block_the_slowdown_and_k() -> None:
+    def row(hog: bool, prefill: float | None, p95: float, p50: float, k: int) -> dict[str, object]:
+        return {"hog": hog, "prefill_ms": prefill, "corrected_p95": p95, "answers_p95": p95 * 0.9,
+                "fitted_p95": p50 * 1.1, "fitted_p50": p50, "k": k, "factor": 1.5}
+
+    rows = [row(False, 100.0, 120.0, 100.0, 5), row(False, 110.0, 120.0, 100.0, 4),
+            row(True, 250.0, 200.0, 100.0, 3),  # answer 1 after the hog: a miss
+            *[row(True, 180.0, 200.0, 100.0, 2) for _ in range(4)],  # answers 2-5: covered
+            row(True, None, 200.0, 100.0, 2)]  # an answer with no measured prefill is left out
+    s = summarise(rows, warmup=2)
+    assert s["warmup"] == 1.0
+    assert s["after_1"]["corrected"] == 0.0
+    assert s["after_2_5"]["corrected"] == 1.0
+    assert s["after_2_5"]["answers"] == 1.0  # 180 <= 180
+    assert s["after_2_5"]["fitted"] == 0.0  # 180 > 110
+    assert s["after_1_10"]["corrected"] == pytest.approx(4 / 5)
+    assert s["after_11_20"] == {"corrected": None, "answers": None, "fitted": None}
+    assert s["prefill_over_fitted_p50"] == {"warmup": 1.05, "hog": 1.8}
+    assert s["k"] == {"warmup": [4, 5], "hog": [2, 3]}
+    assert s["factor_end"] == 1.5
