@@ -218,10 +218,16 @@ def machine_speed(fit: StepFit, steps: Sequence[tuple[Sequence[tuple[int, int]],
 
     ``steps``: timed steps as ``(segments, logit rows, ms)`` (``segments`` as in
     :class:`StepShape`). ``speed`` is the median over them of measured / predicted point
-    time (1.0: as at calibration; 1.4: steps take 40 % longer), ``steps`` how many were
-    read. Every decode step of every running answer is a measurement, so this follows a
-    busier or quieter machine within seconds, where finished answers take tens of them.
-    The median keeps one slow step (a page fault, a neighbour's burst) from moving it.
+    time, each step weighted by its predicted time (1.0: as at calibration; 1.4: steps take
+    40 % longer), ``steps`` how many were read. Every decode step of every running answer
+    is a measurement, so this follows a busier or quieter machine within seconds, where
+    finished answers take tens of them. The median keeps one slow step (a page fault, a
+    neighbour's burst) from moving it. The weights make it the robust form of total
+    measured / total predicted time, what a plan scales: a machine need not slow every step
+    alike. Beside a one-core CPU hog on a 2-core Xeon, 8-token answers' small decode steps
+    ran ~1.8x their prediction and their 256-token prefill chunks ~2.2x; the plain median,
+    over more decode steps than chunks, said 1.8 and the prefills of answers 2-5 after the
+    hog started overran their p95 (docs/benchmarks.md, "CPU hog").
 
     Returns ``None`` with fewer than :data:`MIN_SPEED_STEPS` usable steps (malformed or
     non-positive entries are skipped).
@@ -241,7 +247,30 @@ def machine_speed(fit: StepFit, steps: Sequence[tuple[Sequence[tuple[int, int]],
     if int(ok.sum()) < MIN_SPEED_STEPS:
         return None
     ratios = np.asarray(measured, dtype=np.float64)[ok] / point[ok]  # (N',)
-    return float(np.median(ratios)), int(ratios.size)
+    return weighted_median(ratios, point[ok]), int(ratios.size)
+
+
+def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    """The weighted median of ``values`` ``(N,)`` under positive ``weights`` ``(N,)``: the
+    smallest value whose cumulative weight (values in ascending order) reaches half the
+    total; the mean of it and the next value when it reaches exactly half (so equal weights
+    give :func:`numpy.median`).
+
+    Raises:
+        ValueError: empty input, shapes that differ, or a weight that is not positive.
+    """
+    v = np.asarray(values, dtype=np.float64).ravel()
+    w = np.asarray(weights, dtype=np.float64).ravel()
+    if v.size == 0 or v.shape != w.shape or not bool(np.all(w > 0)):
+        raise ValueError("weighted_median needs equal-length values and positive weights")
+    order = np.argsort(v, kind="stable")
+    v, w = v[order], w[order]
+    cum = np.cumsum(w)  # (N,)
+    half = cum[-1] / 2.0
+    i = int(np.searchsorted(cum, half, side="left"))
+    if i + 1 < v.size and math.isclose(cum[i], half, rel_tol=1e-12, abs_tol=0.0):
+        return float((v[i] + v[i + 1]) / 2.0)
+    return float(v[i])
 
 
 def prefill_schedule(prompt_tokens: int, cached_tokens: int, prefix_tokens: int,

@@ -198,6 +198,40 @@ def test_machine_speed_is_the_median_step_ratio() -> None:
     assert machine_speed(fit, steps[:MIN_SPEED_STEPS - 1]) is None
 
 
+def test_machine_speed_weights_each_step_by_its_predicted_time() -> None:
+    """Beside a CPU hog small decode steps slowed less than prefill chunks: the speed a plan
+    scales by is the time-weighted one, not the count of steps."""
+    from latency_model.step_model import machine_speed
+
+    fit = StepFit(coefficients={"a": 5.0, "b": 0.5, "s": 1.0, "g": 0.0, "e": 0.01, "h": 0.2},
+                  quantiles={}, in_sample_mape=0.0, loo_point_mape=0.0)
+    decode = [((1, 300 + i),) for i in range(12)]  # 12 one-token steps, ~5.7 ms predicted
+    chunks = [((256, 256 * i),) for i in range(4)]  # 4 chunk steps, ~130 ms predicted each
+
+    def timed(segs: tuple[tuple[int, int], ...], rows: int, slow: float) -> tuple[object, int, float]:
+        return segs, rows, float(fit.predict_point_ms([StepShape(segs, rows)])[0]) * slow
+
+    steps = [timed(s, 1, 1.8) for s in decode] + [timed(s, 1, 2.2) for s in chunks]
+    got = machine_speed(fit, steps)
+    # 12 of 16 steps ran 1.8x (a plain median would say 1.8), but the chunks hold most time.
+    assert got is not None and got == (pytest.approx(2.2), 16)
+
+
+def test_weighted_median() -> None:
+    import numpy as np
+
+    from latency_model.step_model import weighted_median
+
+    assert weighted_median(np.array([3.0, 1.0, 2.0]), np.ones(3)) == 2.0
+    assert weighted_median(np.array([1.0, 2.0, 3.0, 4.0]), np.ones(4)) == 2.5  # numpy's median
+    assert weighted_median(np.array([1.0, 5.0]), np.array([1.0, 3.0])) == 5.0
+    assert weighted_median(np.array([1.0, 5.0, 9.0]), np.array([10.0, 1.0, 1.0])) == 1.0
+    for bad in ((np.array([]), np.array([])), (np.array([1.0]), np.array([0.0])),
+                (np.array([1.0, 2.0]), np.array([1.0]))):
+        with pytest.raises(ValueError):
+            weighted_median(*bad)
+
+
 def test_a_scaffold_miss_is_priced_as_the_hit_plus_the_scaffold_steps() -> None:
     """A miss runs the scaffold's chunks, then a hit's steps: with a step model the predicted
     saving of a hit is the step model's time for those chunks, at every prompt length."""
