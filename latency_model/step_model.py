@@ -224,10 +224,10 @@ def machine_speed(fit: StepFit, steps: Sequence[tuple[Sequence[tuple[int, int]],
     finished answers take tens of them. The median keeps one slow step (a page fault, a
     neighbour's burst) from moving it. The weights make it the robust form of total
     measured / total predicted time, what a plan scales: a machine need not slow every step
-    alike. Beside a one-core CPU hog on a 2-core Xeon, 8-token answers' small decode steps
-    ran ~1.8x their prediction and their 256-token prefill chunks ~2.2x; the plain median,
-    over more decode steps than chunks, said 1.8 and the prefills of answers 2-5 after the
-    hog started overran their p95 (docs/benchmarks.md, "CPU hog").
+    alike. Beside a one-core CPU hog on a 2-core Xeon the plain median over an 8-token
+    answer's steps (one per decode token, one per 256-token prefill chunk) read 1.83-2.07
+    while prefills ran 2.21-2.30x the fitted p50; weighted, it read 2.06-2.20
+    (docs/benchmarks.md, "The grid, sixteenth run").
 
     Returns ``None`` with fewer than :data:`MIN_SPEED_STEPS` usable steps (malformed or
     non-positive entries are skipped).
