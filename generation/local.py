@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from foundation.compute import call as compute_call
-from foundation.compute import on_compute_thread
+from foundation.compute import on_compute_thread, torch_threads
 from foundation.errors import BackendError, InvalidConfig, InvalidInput, RagBudgetError, TooLarge
 from generation.base import (
     ON_SUBMIT,
@@ -119,8 +119,7 @@ class LocalGenerator:
         register_packed_attention()
 
         def load() -> Any:  # on the compute thread: its OpenMP team is the only one
-            torch.set_num_threads(threads)
-            with quiet_weight_loading():
+            with torch_threads(threads, restore=False), quiet_weight_loading():
                 model = AutoModelForCausalLM.from_pretrained(
                     str(model_dir), dtype=getattr(torch, self.dtype), local_files_only=True,
                     attn_implementation=ATTN_NAME)

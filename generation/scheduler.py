@@ -169,7 +169,7 @@ class Engine:
         self.prefix_known = prefix_known
         self.max_running, self.step_token_budget = max_running, step_token_budget
         self.fixed_rows = fixed_rows
-        self._cond = threading.Condition()
+        self._state = threading.RLock()  # guards the queues; re-entered by _cancel_all
         self._orders = itertools.count()  # prefill order: reserved at grant or taken at submit
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
@@ -188,10 +188,9 @@ class Engine:
     def close(self) -> None:
         """Stop at the next step boundary; answers still running or waiting end as cancelled.
         Waits up to 5 s for the compute thread to reach that boundary."""
-        with self._cond:
+        with self._state:
             self._stop = True
             attached = self._attached
-            self._cond.notify_all()
         if not attached:
             self._cancel_all()
             return
@@ -207,19 +206,18 @@ class Engine:
         """A prefill order number for an answer about to be submitted (``Sequence.order``):
         reserved when the answer is planned, its chunks go before those of every answer that
         reserves or is submitted later, whichever reaches the engine first."""
-        with self._cond:
+        with self._state:
             return next(self._orders)
 
     def submit(self, seq: Sequence) -> None:
         """Queue ``seq``; it joins the running batch at the next step with room. Without a
         reserved ``order`` it takes the next one now."""
-        with self._cond:
+        with self._state:
             if seq.order is None:
                 seq.order = next(self._orders)
             self._waiting.append(seq)
             attach = not self._attached
             self._attached = True
-            self._cond.notify_all()
         if attach:
             compute().attach(self)
         else:
@@ -227,14 +225,12 @@ class Engine:
 
     def wake(self) -> None:
         """Wake the step loop (after a cancel event was set, so it drops that answer now)."""
-        with self._cond:
-            self._cond.notify_all()
         if self._attached:
             compute().wake()
 
     def running_count(self) -> int:
         """Answers admitted to the engine now (prefilling or decoding)."""
-        with self._cond:
+        with self._state:
             return len(self._running)
 
     def batch_snapshot(self) -> tuple[list[tuple[int, int]], list[tuple[int, int, int, int]]]:
@@ -245,7 +241,7 @@ class Engine:
         prefilling, in prefill order (:meth:`_plan`). An answer not admitted yet starts after
         its scaffold when the prefix cache holds it (``prefix_known``), else from position 0.
         Read by ``latency_model.step_model.BatchedBand``."""
-        with self._cond:
+        with self._state:
             seqs = [s for s in [*self._running, *self._waiting] if not s.done]
             decoding = [(s.pos, max(s.max_new - s.produced, 0)) for s in seqs if not s.in_prefill()]
             prefilling = [(s, len(s.prompt), s.pos, s.max_new, s.kv is None, _order(s))
@@ -281,7 +277,7 @@ class Engine:
         """One step of the running batch; the compute thread calls it between jobs
         (``foundation.compute``). Admits waiting answers up to ``max_running``, drops those
         whose consumer left, runs one forward. Returns True while answers remain."""
-        with self._cond:
+        with self._state:
             if self._stop:  # closed (or process exit): every answer still here ends as cancelled
                 self._cancel_all()
                 return False
@@ -303,7 +299,7 @@ class Engine:
             for seq in batch:
                 if not seq.done:
                     self._finish(seq, "error", exc)
-        with self._cond:
+        with self._state:
             for seq in batch:
                 if self._gone(seq) and not seq.done:
                     self._finish(seq, "cancelled")
@@ -311,7 +307,7 @@ class Engine:
             return bool(self._waiting or self._running)
 
     def _cancel_all(self) -> None:
-        with self._cond:
+        with self._state:
             for seq in [*self._waiting, *self._running]:
                 if not seq.done:
                     self._finish(seq, "cancelled")
@@ -343,7 +339,7 @@ class Engine:
                 cached = seq.prefix_len
                 if cached == len(seq.prompt):
                     first_logits = logits
-        with self._cond:  # batch_snapshot sees the answer before admission or after, never half-way
+        with self._state:  # batch_snapshot sees the answer before admission or after, never half-way
             seq.admitted_t, seq.kv, seq.pos, seq.cached_tokens = admitted_t, kv, cached, cached
             if first_logits is not None:
                 seq.first_logits = first_logits

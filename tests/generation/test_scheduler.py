@@ -106,7 +106,7 @@ def test_the_batch_model_replays_the_engines_packing() -> None:
                         select=lambda _logits: 7, eos=frozenset())
 
     a, b, c, d = seq(40, 5, 3), seq(30, 50, 2), seq(4, 90, 2), seq(20, 100, 4)
-    with engine._cond:  # everything queued before the first step
+    with engine._state:  # everything queued before the first step
         engine.submit(a)
         engine.submit(b)
         decoding, ahead = engine.batch_snapshot()  # what d's plan sees
