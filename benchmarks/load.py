@@ -174,10 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.arm_list or any(a not in ARMS for a in args.arm_list):
         ap.error(f"--arms: a comma-separated subset of {','.join(ARMS)}, got {args.arms!r}")
     if args.report:
-        if args.batching:  # a --batching run's file: its cells' table
-            from benchmarks.load_report import batching_report, read_rows
+        from benchmarks.load_report import batching_report
 
-            print(batching_report([r for r in read_rows(args.out) if r.get("kind") == "batching"]))
+        rows = read_rows(args.out)
+        if args.batching:  # a --batching run's file: its cells' table
+            print(batching_report([r for r in rows if r.get("kind") == "batching"]))
+        elif any(r.get("kind") == "hog" for r in rows):  # a --hog run's file
+            from benchmarks.load_hog import hog_report
+
+            print(hog_report(rows))
         else:
             print(report(args.out))
         return 0

@@ -86,7 +86,8 @@ def summarise(rows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     Returns ``warmup``: the corrected p95's coverage of the measured prefill before the hog;
     per block of :data:`BLOCKS`: the coverage (share of answers with ``prefill_ms <= p95``) of
     the ``corrected``, ``answers`` (correction from answers alone) and ``fitted`` p95, None
-    for an empty block; ``prefill_over_fitted_p50``: the median of measured prefill / fitted
+    for an empty block, and ``[min, max]`` of the machine ``speed`` the plans read and of
+    their measured prefill / fitted p50; ``prefill_over_fitted_p50``: the median of measured prefill / fitted
     p50 prefill before (``warmup``) and after (``hog``) the hog started, how much slower the
     machine ran than the profile said; ``k``: ``[min, max]`` chosen k before and after;
     ``factor_end``: the last answer's correction factor.
@@ -104,10 +105,27 @@ def summarise(rows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
         ks = [r["k"] for r in rs]
         return [min(ks), max(ks)] if ks else None
 
+    def span(xs: list[float]) -> list[float] | None:
+        return [round(min(xs), 2), round(max(xs), 2)] if xs else None
+
+    def block(rs: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {k: cov(rs, f"{k}_p95") for k in ("corrected", "answers", "fitted")}
+        # The live machine speed each plan read, against how much slower its prefill ran.
+        out["speed"] = span([r["speed"] for r in rs if r.get("speed") is not None])
+        out["prefill_over_fitted_p50"] = span([r["prefill_ms"] / r["fitted_p50"] for r in rs
+                                               if r["prefill_ms"] is not None and r["fitted_p50"] > 0])
+        return out
+
     before, after = rows[:warmup], [r for r in rows if r["hog"]]
     return {"warmup": cov(before, "corrected_p95"),
-            **{name: {k: cov(after[lo:hi], f"{k}_p95") for k in ("corrected", "answers", "fitted")}
-               for name, (lo, hi) in BLOCKS.items()},
+            **{name: block(after[lo:hi]) for name, (lo, hi) in BLOCKS.items()},
             "prefill_over_fitted_p50": {"warmup": ratio(before), "hog": ratio(after)},
             "k": {"warmup": k_range(before), "hog": k_range(after)},
             "factor_end": after[-1]["factor"] if after else None}
+
+
+def hog_report(rows: list[dict[str, Any]]) -> str:
+    """``load.py --report`` on a hog run's file: one JSON summary per ``kind: hog`` row, its
+    :func:`summarise` recomputed from the stored per-answer rows."""
+    return "\n".join(json.dumps({"profile": r.get("profile"), **summarise(r["rows"], sum(
+        1 for a in r["rows"] if not a["hog"]))}) for r in rows if r.get("kind") == "hog")

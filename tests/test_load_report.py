@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -76,7 +80,8 @@ def test_batching_table_reports_the_key_check_of_keyed_answers() -> None:
 def test_hog_summary_gives_coverage_per_block_the_slowdown_and_k() -> None:
     def row(hog: bool, prefill: float | None, p95: float, p50: float, k: int) -> dict[str, object]:
         return {"hog": hog, "prefill_ms": prefill, "corrected_p95": p95, "answers_p95": p95 * 0.9,
-                "fitted_p95": p50 * 1.1, "fitted_p50": p50, "k": k, "factor": 1.5}
+                "fitted_p95": p50 * 1.1, "fitted_p50": p50, "k": k, "factor": 1.5,
+                "speed": 1.7 if hog else None}
 
     rows = [row(False, 100.0, 120.0, 100.0, 5), row(False, 110.0, 120.0, 100.0, 4),
             row(True, 250.0, 200.0, 100.0, 3),  # answer 1 after the hog: a miss
@@ -89,7 +94,28 @@ def test_hog_summary_gives_coverage_per_block_the_slowdown_and_k() -> None:
     assert s["after_2_5"]["answers"] == 1.0  # 180 <= 180
     assert s["after_2_5"]["fitted"] == 0.0  # 180 > 110
     assert s["after_1_10"]["corrected"] == pytest.approx(4 / 5)
-    assert s["after_11_20"] == {"corrected": None, "answers": None, "fitted": None}
+    assert s["after_11_20"] == {"corrected": None, "answers": None, "fitted": None, "speed": None,
+                                "prefill_over_fitted_p50": None}
+    assert s["after_2_5"]["speed"] == [1.7, 1.7]
+    assert s["after_2_5"]["prefill_over_fitted_p50"] == [1.8, 1.8]
     assert s["prefill_over_fitted_p50"] == {"warmup": 1.05, "hog": 1.8}
     assert s["k"] == {"warmup": [4, 5], "hog": [2, 3]}
     assert s["factor_end"] == 1.5
+
+
+def test_hog_report_recomputes_the_summary_from_a_stored_run(tmp_path: Path) -> None:
+    from benchmarks.load import main
+
+    rows = [{"hog": False, "prefill_ms": 100.0, "corrected_p95": 120.0, "answers_p95": 120.0,
+             "fitted_p95": 110.0, "fitted_p50": 100.0, "k": 5, "factor": 1.0, "speed": None},
+            {"hog": True, "prefill_ms": 230.0, "corrected_p95": 200.0, "answers_p95": 200.0,
+             "fitted_p95": 110.0, "fitted_p50": 100.0, "k": 3, "factor": 1.0, "speed": 2.0}]
+    out = tmp_path / "hog.jsonl"
+    out.write_text(json.dumps({"kind": "hog", "profile": "p", "rows": rows}) + "\n", encoding="utf-8")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["--report", "--out", str(out)]) == 0
+    got = json.loads(buf.getvalue())
+    assert got["profile"] == "p" and got["warmup"] == 1.0
+    assert got["after_1"]["corrected"] == 0.0 and got["after_1"]["speed"] == [2.0, 2.0]
+    assert got["prefill_over_fitted_p50"] == {"warmup": 1.0, "hog": 2.3}
