@@ -247,30 +247,10 @@ def machine_speed(fit: StepFit, steps: Sequence[tuple[Sequence[tuple[int, int]],
     if int(ok.sum()) < MIN_SPEED_STEPS:
         return None
     ratios = np.asarray(measured, dtype=np.float64)[ok] / point[ok]  # (N',)
-    return weighted_median(ratios, point[ok]), int(ratios.size)
-
-
-def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
-    """The weighted median of ``values`` ``(N,)`` under positive ``weights`` ``(N,)``: the
-    smallest value whose cumulative weight (values in ascending order) reaches half the
-    total; the mean of it and the next value when it reaches exactly half (so equal weights
-    give :func:`numpy.median`).
-
-    Raises:
-        ValueError: empty input, shapes that differ, or a weight that is not positive.
-    """
-    v = np.asarray(values, dtype=np.float64).ravel()
-    w = np.asarray(weights, dtype=np.float64).ravel()
-    if v.size == 0 or v.shape != w.shape or not bool(np.all(w > 0)):
-        raise ValueError("weighted_median needs equal-length values and positive weights")
-    order = np.argsort(v, kind="stable")
-    v, w = v[order], w[order]
-    cum = np.cumsum(w)  # (N,)
-    half = cum[-1] / 2.0
-    i = int(np.searchsorted(cum, half, side="left"))
-    if i + 1 < v.size and math.isclose(cum[i], half, rel_tol=1e-12, abs_tol=0.0):
-        return float((v[i] + v[i + 1]) / 2.0)
-    return float(v[i])
+    # numpy's weighted quantile (weights need the inverted-CDF method): the smallest ratio whose
+    # steps hold half the predicted time.
+    speed = np.quantile(ratios, 0.5, weights=point[ok], method="inverted_cdf")
+    return float(speed), int(ratios.size)
 
 
 def prefill_schedule(prompt_tokens: int, cached_tokens: int, prefix_tokens: int,

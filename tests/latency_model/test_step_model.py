@@ -217,21 +217,6 @@ def test_machine_speed_weights_each_step_by_its_predicted_time() -> None:
     assert got is not None and got == (pytest.approx(2.2), 16)
 
 
-def test_weighted_median() -> None:
-    import numpy as np
-
-    from latency_model.step_model import weighted_median
-
-    assert weighted_median(np.array([3.0, 1.0, 2.0]), np.ones(3)) == 2.0
-    assert weighted_median(np.array([1.0, 2.0, 3.0, 4.0]), np.ones(4)) == 2.5  # numpy's median
-    assert weighted_median(np.array([1.0, 5.0]), np.array([1.0, 3.0])) == 5.0
-    assert weighted_median(np.array([1.0, 5.0, 9.0]), np.array([10.0, 1.0, 1.0])) == 1.0
-    for bad in ((np.array([]), np.array([])), (np.array([1.0]), np.array([0.0])),
-                (np.array([1.0, 2.0]), np.array([1.0]))):
-        with pytest.raises(ValueError):
-            weighted_median(*bad)
-
-
 def test_a_scaffold_miss_is_priced_as_the_hit_plus_the_scaffold_steps() -> None:
     """A miss runs the scaffold's chunks, then a hit's steps: with a step model the predicted
     saving of a hit is the step model's time for those chunks, at every prompt length."""
