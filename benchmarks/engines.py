@@ -20,7 +20,7 @@ the medians. The prompt sizes and token counts are the same for both (ids are
 checked on the server side). The CPU model, core count and load average before and
 after are printed with the numbers.
 
-    flock /tmp/ragbudget-cpu.lock python benchmarks/engines.py --repeats 7 --tokens 32
+    flock /tmp/ragbudget-cpu.lock python -m benchmarks.engines --repeats 7 --tokens 32
 """
 
 from __future__ import annotations
@@ -35,10 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from foundation.machine import cpu_model  # noqa: E402
+from benchmarks.common import REPO
+from foundation.machine import cpu_model
 
 TOPICS = ["inspection", "valve", "filter", "alarm", "pressure", "bearing", "backwash", "odour", "gauge"]
 

@@ -25,8 +25,8 @@ Threads: ``--threads`` torch threads in the server and here (default 1, so the
 second core serves HTTP). Other processes' CPU share during (a) and (b) is
 printed (the server subprocess is not counted as "other").
 
-    python benchmarks/generation.py                  # --tokens 64 --repeats 7 --threads 1
-    python benchmarks/generation.py --no-table       # skip (c)
+    python -m benchmarks.generation                  # --tokens 64 --repeats 7 --threads 1
+    python -m benchmarks.generation --no-table       # skip (c)
 """
 
 from __future__ import annotations
@@ -46,9 +46,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import REPO as ROOT
+from benchmarks.common import quantile
 
 DEB = ROOT.parent / "shared" / "corpora" / "postgresql-doc-15_15.18-0+deb12u1_all.deb"
 HTML = "usr/share/doc/postgresql-doc-15/html"
@@ -176,11 +175,6 @@ def bare_greedy(model: Any, prompt_ids: list[int], new_tokens: int) -> dict[str,
     return {"ids": out, "tpot_ms": (times[-1] - times[0]) * 1000.0 / (len(out) - 1)}
 
 
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
-
-
 # --- the three measurements ----------------------------------------------------------------------
 def measure_overhead(pipeline: Any, req: Any, repeats: int) -> tuple[Any, dict[str, list[float]]]:
     """(b) ``repeats`` x ``pipeline.prepare(req)``: wall ms and the pipeline's own split."""
@@ -250,7 +244,7 @@ def print_overhead(times: dict[str, list[float]], api_runs: list[dict[str, Any]]
                        ("  planning + prompt assembly (both builds, profile, plan)", times["planning"]),
                        ("server overhead_ms in the API answers (arrival to planning)", over_ms),
                        ("server TTFT in the same answers (queue + pipeline + prefill)", ttft)):
-        print(f"| {name} | {statistics.median(vals):.1f} | {pct(vals, 0.95):.1f} |")
+        print(f"| {name} | {statistics.median(vals):.1f} | {quantile(vals, 0.95):.1f} |")
     print(f"\npipeline share of TTFT: {statistics.median(times['wall']) / statistics.median(ttft):.1%}")
 
 

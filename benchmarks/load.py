@@ -42,9 +42,9 @@ of the goals (4 clients vs serial, and vs 1 client).
 
     cp -a /work/data/mainjob /tmp/lb-data   # never write into the prepared directory
     RAGBUDGET_DATA_DIR=/tmp/lb-data flock /tmp/ragbudget-cpu.lock \\
-        python benchmarks/load.py --out docs/load.jsonl --per-cell 8
-    python benchmarks/load.py --out docs/load.jsonl --report   # the markdown table
-    python benchmarks/load.py --out FILE --report --batching   # a --batching run's table
+        python -m benchmarks.load --out docs/load.jsonl --per-cell 8
+    python -m benchmarks.load --out docs/load.jsonl --report   # the markdown table
+    python -m benchmarks.load --out FILE --report --batching   # a --batching run's table
 """
 
 from __future__ import annotations
@@ -56,11 +56,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from benchmarks.load_http import Server, build, run_cell, run_header, set_arm  # noqa: E402
-from benchmarks.load_report import ARMS, read_rows, report, summarise  # noqa: E402
+from benchmarks.load_http import Server, build, run_cell, run_header, set_arm
+from benchmarks.load_report import ARMS, read_rows, report, summarise
 
 BUDGETS = (800.0, 1500.0, 3000.0)
 TOKENS = (32, 64)

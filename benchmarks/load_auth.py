@@ -8,8 +8,8 @@ import json
 import random
 import time
 
+from benchmarks.common import quantile_or_none
 from benchmarks.load_http import Server, build
-from benchmarks.load_report import pct
 
 
 def auth(args: argparse.Namespace) -> int:
@@ -56,9 +56,9 @@ def auth(args: argparse.Namespace) -> int:
         authenticate(services.engine, key)
         direct.append((time.perf_counter() - t0) * 1000.0)
     out = {"kind": "auth", "requests_each": args.auth_requests,
-           "check_p50_ms": pct(direct, 0.5), "check_p95_ms": pct(direct, 0.95),
-           **{f"{k}_p50_ms": pct(v, 0.5) for k, v in times.items()},
-           **{f"{k}_p95_ms": pct(v, 0.95) for k, v in times.items()}}
+           "check_p50_ms": quantile_or_none(direct, 0.5), "check_p95_ms": quantile_or_none(direct, 0.95),
+           **{f"{k}_p50_ms": quantile_or_none(v, 0.5) for k, v in times.items()},
+           **{f"{k}_p95_ms": quantile_or_none(v, 0.95) for k, v in times.items()}}
     out["p50_difference_ms"] = out["with_key_p50_ms"] - out["without_key_p50_ms"]  # type: ignore[operator]
     with args.out.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(out) + "\n")

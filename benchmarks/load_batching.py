@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import quantile_or_none
 from benchmarks.load_http import Server, build, run_cell, run_header
-from benchmarks.load_report import BATCH_ARMS, batching_report, engine_sweep_report, pct
+from benchmarks.load_report import BATCH_ARMS, batching_report, engine_sweep_report
 
 
 def batching(args: argparse.Namespace) -> int:
@@ -61,7 +62,7 @@ def batching(args: argparse.Namespace) -> int:
                         "within": sum(1 for r in ok if r["within"]), "wall_s": wall_s,
                         "goodput_per_min": 60.0 * sum(1 for r in ok if r["within"]) / wall_s,
                         "answers_per_min": 60.0 * len(ok) / wall_s,
-                        "ttft_p50": pct(ttft, 0.5), "ttft_p95": pct(ttft, 0.95),
+                        "ttft_p50": quantile_or_none(ttft, 0.5), "ttft_p95": quantile_or_none(ttft, 0.95),
                         "tpot_mean": statistics.fmean(tpot) if tpot else None,
                         "tokens_out_mean": statistics.fmean(r["tokens_out"] for r in ok) if ok else None,
                         "k_mean": statistics.fmean(r["k"] for r in ok) if ok else None,

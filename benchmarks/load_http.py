@@ -9,17 +9,12 @@ well-behaved copilot would (``retry_immediately=True``: it asks again at once, h
 
 from __future__ import annotations
 
-import os
 import random
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks.common import machine
 
 
 def set_arm(pipeline: Any, arm: str) -> None:
@@ -160,12 +155,9 @@ def build(auth: bool = False) -> tuple[Any, Any, list[str]]:
 
 def run_header(services: Any, app: Any) -> dict[str, Any]:
     """The ``kind: run`` row that opens each run in ``--out``: profile, model, machine, load."""
-    from foundation.machine import cpu_model
-
     prof = app.state.pipeline.profile()
     return {"kind": "run", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "profile": prof.id, "profile_source": prof.source,
             "model": services.generator.identity.get("model_id"),
             "threads": services.generator.identity.get("threads"),
-            "cpu": cpu_model(), "cores": os.cpu_count(),
-            "loadavg": os.getloadavg()}
+            **machine()}

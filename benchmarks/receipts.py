@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/receipts.py [--appends 200] [--chain 100000] [--replays 50] [--json]
+    python -m benchmarks.receipts [--appends 200] [--chain 100000] [--replays 50] [--json]
 
 * write: median / p95 ms of :func:`receipts.chain.append_receipt` for a realistic
   body (K=16 candidates, 17 plan rows, 64 output tokens), one after another, on a
@@ -33,32 +33,29 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from sqlalchemy import Engine, insert
 
-from sqlalchemy import Engine, insert  # noqa: E402
-
-from app.db import open_database  # noqa: E402
-from app.settings import get_settings  # noqa: E402
-from foundation.db import WriterLock, write_transaction  # noqa: E402
-from foundation.hashing import sha256_ints, sha256_text  # noqa: E402
-from foundation.machine import cpu_model  # noqa: E402
-from receipts.canonical import canonical_body, receipt_hash  # noqa: E402
-from receipts.chain import GENESIS, append_receipt  # noqa: E402
-from receipts.models import ReceiptDocument, ReceiptRow  # noqa: E402
-from receipts.replay import replay  # noqa: E402
-from receipts.schema import (  # noqa: E402
+from app.db import open_database
+from app.settings import get_settings
+from foundation.db import WriterLock, write_transaction
+from foundation.hashing import sha256_ints, sha256_text
+from foundation.machine import cpu_model
+from receipts.canonical import canonical_body, receipt_hash
+from receipts.chain import GENESIS, append_receipt
+from receipts.models import ReceiptDocument, ReceiptRow
+from receipts.replay import replay
+from receipts.schema import (
     build_receipt_body,
-    document_versions,  # noqa: E402
+    document_versions,
 )
-from receipts.synthetic import candidate, sections  # noqa: E402
-from receipts.verify import verify_chain  # noqa: E402
+from receipts.synthetic import candidate, sections
+from receipts.verify import verify_chain
 
 
 def realistic_body(i: int = 0) -> dict[str, Any]:
