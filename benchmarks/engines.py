@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
     from generation.assets import ensure_packaged_generator, load_tokenizer, packaged_gguf_path
-    from generation.llama_cpp_server import LlamaCppServer
     from generation.local import LocalGenerator
     from generation.remote import RemoteGenerator
+    from ragbudget_testing.llama_server import LlamaCppServer
     from retrieval.tokens import HFTextTokenizer
 
     load_start = os.getloadavg()

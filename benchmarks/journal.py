@@ -27,7 +27,7 @@ from sqlalchemy import create_engine, text
 from app.db import upgrade
 from benchmarks.common import machine_line
 from foundation.db import make_engine
-from receipts import synthetic
+from ragbudget_testing import synthetic_receipts as synthetic
 from receipts.chain import append_receipt, new_receipt_id
 from receipts.journal import open_entry
 

@@ -46,6 +46,7 @@ from app.settings import get_settings
 from foundation.db import WriterLock, write_transaction
 from foundation.hashing import sha256_ints, sha256_text
 from foundation.machine import cpu_model
+from ragbudget_testing.synthetic_receipts import candidate, sections
 from receipts.canonical import canonical_body, receipt_hash
 from receipts.chain import GENESIS, append_receipt
 from receipts.models import ReceiptDocument, ReceiptRow
@@ -54,7 +55,6 @@ from receipts.schema import (
     build_receipt_body,
     document_versions,
 )
-from receipts.synthetic import candidate, sections
 from receipts.verify import verify_chain
 
 
@@ -154,7 +154,7 @@ def bench_verify(root: Path, n: int, rounds: int) -> dict[str, Any]:
 
 
 def bench_replay(root: Path, n: int) -> dict[str, Any]:
-    from receipts.synthetic import (
+    from ragbudget_testing.synthetic_receipts import (
         FakeRetriever,
         answer_body,
         make_revision_1,
