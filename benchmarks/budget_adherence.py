@@ -11,7 +11,7 @@ Runs against the configured data directory (ingested corpus + calibrated
 profile), e.g. after the main job:
 
     RAGBUDGET_DATA_DIR=ragbudget-data python -m benchmarks.budget_adherence \
-        --budgets 500,800,1200,1800,2500 --index-questions 10 --json docs/budget_adherence.json
+        --budgets 500,800,1200,1800,2500 --index-questions 10 --json benchmarks/results/budget_adherence.json
 
 Answers are written as receipts like any other answer.
 """

@@ -42,8 +42,8 @@ of the goals (4 clients vs serial, and vs 1 client).
 
     cp -a /work/data/mainjob /tmp/lb-data   # never write into the prepared directory
     RAGBUDGET_DATA_DIR=/tmp/lb-data flock /tmp/ragbudget-cpu.lock \\
-        python -m benchmarks.load --out docs/load.jsonl --per-cell 8
-    python -m benchmarks.load --out docs/load.jsonl --report   # the markdown table
+        python -m benchmarks.load --out benchmarks/results/load-grid-N.jsonl --per-cell 20
+    python -m benchmarks.load --out benchmarks/results/load-grid-16.jsonl --report   # the markdown table
     python -m benchmarks.load --out FILE --report --batching   # a --batching run's table
 """
 

@@ -1,9 +1,9 @@
-"""Tables of ``benchmarks/load.py`` runs: read its jsonl rows, summarise cells, print markdown.
+"""Tables of ``python -m benchmarks.load`` runs: read its jsonl rows, summarise cells, print markdown.
 
-Kept apart from the runner so a finished run's ``--out`` can be reported (``python
-benchmarks/load.py --out FILE --report``) and the figures quoted in docs/benchmarks.md
-recomputed without loading any model. Row fields are those ``benchmarks/load.py`` writes
-(one answer a line; see its module docstring).
+Kept apart from the runner so a finished run's ``--out`` can be reported (``python -m
+benchmarks.load --out FILE --report``) and the figures quoted in docs/benchmarks.md
+recomputed from benchmarks/results/ without loading any model. Row fields are those
+``benchmarks/load.py`` writes (one answer a line; see its module docstring).
 """
 
 from __future__ import annotations
