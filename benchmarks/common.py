@@ -5,7 +5,7 @@ root is then on the import path; no script edits the import path itself).
 
 * :func:`quantile`: the one percentile of the benchmarks, numpy's ``np.quantile``
   with its default linear interpolation (type 7 of Hyndman and Fan, 1996).
-* :func:`machine`, :func:`machine_line`: CPU model, cores and load average.
+* :func:`cpu_model`, :func:`machine`, :func:`machine_line`: CPU model, cores and load average.
 * :func:`elapsed_ms`: ``time.perf_counter()`` differences in milliseconds, converted once.
 * :func:`append_jsonl`: one JSON object per line, appended (resumable runs).
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -46,10 +47,20 @@ def quantile_or_none(values: Sequence[float], q: float) -> float | None:
     return quantile(values, q) if len(values) else None
 
 
+def cpu_model() -> str:
+    """The CPU model name from ``/proc/cpuinfo`` (``model name``), e.g. ``Intel(R) Xeon(R)
+    Processor``; elsewhere ``platform.processor()`` or ``platform.machine()``, else ``unknown``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
 def machine() -> dict[str, Any]:
     """``{"cpu": model name, "cores": os.cpu_count(), "loadavg": [1, 5, 15 min]}`` now."""
-    from foundation.machine import cpu_model
-
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "loadavg": list(os.getloadavg())}
 
 

@@ -35,8 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO
-from foundation.machine import cpu_model
+from benchmarks.common import REPO, cpu_model
 
 TOPICS = ["inspection", "valve", "filter", "alarm", "pressure", "bearing", "backwash", "odour", "gauge"]
 

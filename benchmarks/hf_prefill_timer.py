@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from foundation.machine import cpu_model
+from benchmarks.common import cpu_model
 
 
 class HFPrefillTimer:

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.services import Services
     from app.settings import get_settings
-    from foundation.machine import cpu_model
+    from benchmarks.common import cpu_model
     from generation.base import GenParams
 
     services = Services(get_settings())

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.tokens, args.cached, args.repeat)))
         return 0
 
-    from foundation.machine import cpu_model
+    from benchmarks.common import cpu_model
 
     got: dict[str, list[tuple[float, float]]] = {}
     for _ in range(args.rounds):

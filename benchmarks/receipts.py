@@ -43,9 +43,9 @@ from sqlalchemy import Engine, insert
 
 from app.db import open_database
 from app.settings import get_settings
+from benchmarks.common import cpu_model
 from foundation.db import WriterLock, write_transaction
 from foundation.hashing import sha256_ints, sha256_text
-from foundation.machine import cpu_model
 from ragbudget_testing.synthetic_receipts import candidate, sections
 from receipts.canonical import canonical_body, receipt_hash
 from receipts.chain import GENESIS, append_receipt

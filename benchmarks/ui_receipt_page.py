@@ -26,8 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import quantile
-from foundation.machine import cpu_model
+from benchmarks.common import cpu_model, quantile
 
 
 def main(argv: list[str] | None = None) -> int:
