@@ -249,8 +249,8 @@ def print_overhead(times: dict[str, list[float]], api_runs: list[dict[str, Any]]
 
 
 def scaffold_table(model_dir: Path, threads: int, repeats: int) -> None:
-    """(c) ``benchmarks/prefix_cache.py`` run as is, its table printed under a heading."""
-    import prefix_cache  # benchmarks/ is on the path when this file runs as a script
+    """(c) ``python -m benchmarks.prefix_cache`` run as is, its table printed under a heading."""
+    from benchmarks import prefix_cache
 
     buf = io.StringIO()
     old, sys.argv = sys.argv, ["prefix_cache.py", "--model-dir", str(model_dir), "--device", "cpu",

@@ -1,4 +1,4 @@
-"""``benchmarks/load.py --auth``: ``POST /v1/retrieve`` over HTTP with and without a key, same run."""
+"""``python -m benchmarks.load --auth``: ``POST /v1/retrieve`` over HTTP with and without a key, same run."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import random
 import time
 
-from benchmarks.common import quantile_or_none
+from benchmarks.common import append_jsonl, quantile_or_none
 from benchmarks.load_http import Server, build
 
 
@@ -60,8 +60,7 @@ def auth(args: argparse.Namespace) -> int:
            **{f"{k}_p50_ms": quantile_or_none(v, 0.5) for k, v in times.items()},
            **{f"{k}_p95_ms": quantile_or_none(v, 0.95) for k, v in times.items()}}
     out["p50_difference_ms"] = out["with_key_p50_ms"] - out["without_key_p50_ms"]  # type: ignore[operator]
-    with args.out.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(out) + "\n")
+    append_jsonl(args.out, [out])
     print(json.dumps(out, indent=1))
     services.close()
     return 0

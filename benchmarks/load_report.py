@@ -17,7 +17,7 @@ from typing import Any
 
 from benchmarks.common import quantile_or_none
 
-#: The grid's arms (``benchmarks/load.py --arms``) and the ``--batching`` arms.
+#: The grid's arms (``python -m benchmarks.load --arms``) and the ``--batching`` arms.
 ARMS = ("on", "on-answers", "on-greedy", "off")
 BATCH_ARMS = ("batched", "serial")
 
