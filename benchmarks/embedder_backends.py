@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, machine, quantile
+from benchmarks.common import REPO, elapsed_ms, machine, quantile
 from benchmarks.retrieval_quality import CORPORA, KS, VERSION, score_queries
 from retrieval.bookindex import page_ranking, parse_bookindex
 
@@ -171,7 +171,7 @@ def query_phase(embedders: dict[str, Any], queries: list[str]) -> dict[str, dict
         for name in names[i % len(names):] + names[:i % len(names)]:
             t0 = time.perf_counter()
             embedders[name].embed_query(q)
-            ms[name].append((time.perf_counter() - t0) * 1000.0)
+            ms[name].append(elapsed_ms(t0))
     return {n: {"p50_ms": quantile(v, 0.5), "p99_ms": quantile(v, 0.99), "mean_ms": statistics.fmean(v),
                 "n": len(v)} for n, v in ms.items()}
 

@@ -17,14 +17,14 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.common import machine_line
+from benchmarks.common import elapsed_ms, machine_line
 from generation.assets import ensure_packaged_generator
 from generation.base import GenParams
 from generation.local import LocalGenerator
 
 
 def _since(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000.0
+    return elapsed_ms(t0)
 
 
 def main(argv: list[str] | None = None) -> None:

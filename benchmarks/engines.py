@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, cpu_model
+from benchmarks.common import REPO, cpu_model, elapsed_ms
 
 TOPICS = ["inspection", "valve", "filter", "alarm", "pressure", "bearing", "backwash", "odour", "gauge"]
 
@@ -56,7 +56,7 @@ def run_once(gen: Any, prompt: Any, tokens: int) -> dict[str, Any]:
                                   params=GenParams(max_new_tokens=tokens)))
     s = gen.last_stats
     return {"ttft_ms": s.prefill_ms, "tpot_ms": s.tpot_ms, "events": n,
-            "output_tokens": s.output_tokens, "wall_ms": (time.perf_counter() - t0) * 1000.0}
+            "output_tokens": s.output_tokens, "wall_ms": elapsed_ms(t0)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import REPO as ROOT
-from benchmarks.common import quantile
+from benchmarks.common import elapsed_ms, quantile
 
 DEB = ROOT.parent / "shared" / "corpora" / "postgresql-doc-15_15.18-0+deb12u1_all.deb"
 HTML = "usr/share/doc/postgresql-doc-15/html"
@@ -183,7 +183,7 @@ def measure_overhead(pipeline: Any, req: Any, repeats: int) -> tuple[Any, dict[s
     for _ in range(repeats):
         t0 = time.perf_counter()
         prepared = pipeline.prepare(req)
-        out["wall"].append((time.perf_counter() - t0) * 1000.0)
+        out["wall"].append(elapsed_ms(t0))
         out["retrieval"].append(prepared.timings_ms["retrieval_ms"])
         out["planning"].append(prepared.timings_ms["planning_ms"])
     return prepared, out

@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 from app.db import upgrade
-from benchmarks.common import machine_line
+from benchmarks.common import elapsed_ms, machine_line
 from foundation.db import make_engine
 from ragbudget_testing import synthetic_receipts as synthetic
 from receipts.chain import append_receipt, new_receipt_id
@@ -35,7 +35,7 @@ PG_BASE = os.environ.get("RAGBUDGET_PG_URL", "postgresql+psycopg://postgres@127.
 
 
 def _ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000.0
+    return elapsed_ms(t0)
 
 
 def measure(url: str, rows: int) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from benchmarks.common import machine
+from benchmarks.common import elapsed_ms, machine
 
 
 def set_arm(pipeline: Any, arm: str) -> None:
@@ -58,7 +58,7 @@ def post_answer(client: Any, url: str, question: str, budget: float, tokens: int
     r = client.post(f"{url}/v1/answer", headers=headers, timeout=600,
                     json={"question": question, "ttft_budget_ms": budget, "max_new_tokens": tokens,
                           "on_budget_miss": on_budget_miss})
-    wall = (time.perf_counter() - t0) * 1000.0
+    wall = elapsed_ms(t0)
     row: dict[str, Any] = {"status": r.status_code, "client_ms": wall}
     if r.status_code == 200:
         a = r.json()

@@ -43,7 +43,7 @@ from sqlalchemy import Engine, insert
 
 from app.db import open_database
 from app.settings import get_settings
-from benchmarks.common import cpu_model
+from benchmarks.common import cpu_model, elapsed_ms
 from foundation.db import WriterLock, write_transaction
 from foundation.hashing import sha256_ints, sha256_text
 from ragbudget_testing.synthetic_receipts import candidate, sections
@@ -88,7 +88,7 @@ def bench_write(root: Path, n: int) -> dict[str, Any]:
         b = copy.deepcopy(template)
         t0 = time.perf_counter()
         append_receipt(engine, b)
-        times.append((time.perf_counter() - t0) * 1000.0)
+        times.append(elapsed_ms(t0))
     engine.dispose()
     times.sort()
     return {"appends": n, "body_bytes": len(canonical_body(template)),
@@ -171,7 +171,7 @@ def bench_replay(root: Path, n: int) -> dict[str, Any]:
     for rid in ids:
         t0 = time.perf_counter()
         report = replay(engine, rid, retriever=retriever, rebuild_prompt=rebuild_prompt)
-        times.append((time.perf_counter() - t0) * 1000.0)
+        times.append(elapsed_ms(t0))
         ok = ok and report.ok
     engine.dispose()
     times.sort()
