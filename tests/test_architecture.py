@@ -216,3 +216,11 @@ def test_the_doc_checks_catch_a_missing_path_and_a_missing_anchor(tmp_path: Path
                               "git show abc:docs/load.jsonl") == ["benchmarks/results/load-grid-16.jsonl"]
     assert [t for t, _ in LINK.findall(doc.read_text()) if t and not (tmp_path / t).exists()] == ["y.md"]
     assert "latest-figure" in _heading_anchors(doc) and "old-run" not in _heading_anchors(doc)
+
+
+def test_every_run_file_in_benchmarks_results_is_cited_by_the_docs() -> None:
+    # a run file no figure cites is history: git keeps it, the tree does not
+    cited = "\n".join(doc.read_text(encoding="utf-8") for doc in DOCS)
+    uncited = [p.name for p in sorted((REPO / "benchmarks" / "results").iterdir())
+               if f"benchmarks/results/{p.name}" not in cited]
+    assert uncited == []
