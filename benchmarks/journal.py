@@ -4,7 +4,7 @@ the receipt append that deletes it, against an append with no row; SQLite and Po
 Per backend (a fresh SQLite file; a fresh schema in the local PostgreSQL ``test`` database when
 it is reachable), ``--rows`` answers, each: ``open_entry`` (timed: the journal write), then
 ``append_receipt`` with that id (timed: append + row delete), then an ``append_receipt`` of
-the same body without a row (timed: the plain append). Bodies from ``receipts.synthetic``
+the same body without a row (timed: the plain append). Bodies from ``ragbudget_testing.synthetic_receipts``
 (status ``interrupted``, no output, for the row; ``ok`` for the receipts). Prints p50/p95 ms
 per step with the CPU model and load average.
 

@@ -16,7 +16,7 @@ Usage::
   ratio is measured under the same load.
 * replay: :func:`receipts.replay.replay` without regeneration over a small store
   written straight into the tables with a deterministic fake retriever
-  (``receipts/synthetic.py``): the receipts side of replay (hash and link,
+  (``ragbudget_testing/synthetic_receipts.py``): the receipts side of replay (hash and link,
   pinned-revision root, re-run retrieval, stored chunks, prompt rebuild, freshness).
   With the real retriever add its own ``retrieve`` latency (benchmarks/retrieve.py).
 
