@@ -1,7 +1,7 @@
 """Typed answers and plans: what the pipeline returns, the API serves and the CLI prints.
 
-One family of pydantic models (DESIGN.md, "Request/response schemas as small
-pydantic families") is the single shape of an answer everywhere:
+One family of pydantic models (docs/architecture.md, "Contracts": small pydantic
+families) is the single shape of an answer everywhere:
 :class:`Answer` is built by :mod:`app.pipeline`, recorded by :mod:`app.metrics`,
 written into the receipt, returned by ``POST /v1/answer`` (its response model;
 the ``final`` server-sent event carries the same object) and printed by

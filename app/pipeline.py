@@ -1,6 +1,6 @@
 """The answer pipeline: retrieve -> plan -> assemble -> generate -> receipt.
 
-Timing definitions (vLLM's benchmark conventions, DESIGN.md):
+Timing definitions (vLLM's benchmark conventions, docs/architecture.md "Contracts"):
 
 * arrival: the one clock. Over HTTP, the moment the server's outermost middleware
   first sees the request (:mod:`app.api.clock`), so authentication, body parsing

@@ -23,17 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
+from benchmarks.common import quantile
 from generation.assets import ensure_packaged_generator
 from generation.base import GenParams
 from generation.local import LocalGenerator
 
 FILLER = ("The pump station log lists every inspection with its date, the engineer on duty, the pressure "
           "readings at each valve and the filters that were cleaned or replaced during the visit. ")
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, int(round(q * (len(xs) - 1)))))]
 
 
 def _run(gen: LocalGenerator, prompts: list[Any], max_new: int) -> dict[str, Any]:
@@ -63,7 +59,7 @@ def _run(gen: LocalGenerator, prompts: list[Any], max_new: int) -> dict[str, Any
     wall = time.perf_counter() - t0
     ttfts = [o["ttft_ms"] for o in out.values()]
     tpots = [o["tpot_ms"] for o in out.values() if o["tpot_ms"] is not None]
-    return {"wall_s": wall, "ttft_p50": _pct(ttfts, 0.5), "ttft_p95": _pct(ttfts, 0.95),
+    return {"wall_s": wall, "ttft_p50": quantile(ttfts, 0.5), "ttft_p95": quantile(ttfts, 0.95),
             "tpot_mean": statistics.fmean(tpots) if tpots else float("nan"),
             "answers_per_min": len(prompts) * 60.0 / wall,
             "tokens": sum(len(o["ids"]) for o in out.values()),

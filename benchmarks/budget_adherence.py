@@ -10,8 +10,8 @@ TTFT <= budget (target >= 95 %) and the mean share of the budget used
 Runs against the configured data directory (ingested corpus + calibrated
 profile), e.g. after the main job:
 
-    RAGBUDGET_DATA_DIR=ragbudget-data python benchmarks/budget_adherence.py \
-        --budgets 500,800,1200,1800,2500 --index-questions 10 --json docs/budget_adherence.json
+    RAGBUDGET_DATA_DIR=ragbudget-data python -m benchmarks.budget_adherence \
+        --budgets 500,800,1200,1800,2500 --index-questions 10 --json benchmarks/results/budget_adherence.json
 
 Answers are written as receipts like any other answer.
 """
@@ -23,9 +23,6 @@ import json
 import statistics
 import sys
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def main(argv: list[str] | None = None) -> int:

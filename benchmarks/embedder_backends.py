@@ -28,10 +28,10 @@ sets the document batch size (e.g. ``onnx-int8@32``; default: the backend's own)
 Ratios are to torch measured in the same run. The machine (CPU model, cores)
 and load average before/after are printed with the results. Usage::
 
-    python benchmarks/embedder_backends.py --json embedders.json
-    python benchmarks/embedder_backends.py --backends torch,onnx --groups 4 --queries 200 --skip-quality
+    python -m benchmarks.embedder_backends --json embedders.json
+    python -m benchmarks.embedder_backends --backends torch,onnx --groups 4 --queries 200 --skip-quality
     # throughput on the first 8 groups, quality (every chunk, every query) for torch and openvino:
-    python benchmarks/embedder_backends.py --groups 8 --quality-backends torch,openvino
+    python -m benchmarks.embedder_backends --groups 8 --quality-backends torch,openvino
 """
 
 from __future__ import annotations
@@ -46,22 +46,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from benchmarks.retrieval_quality import CORPORA, KS, VERSION, score_queries  # noqa: E402
-from retrieval.bookindex import page_ranking, parse_bookindex  # noqa: E402
+from benchmarks.common import REPO, elapsed_ms, machine, quantile
+from benchmarks.retrieval_quality import CORPORA, KS, VERSION, score_queries
+from retrieval.bookindex import page_ranking, parse_bookindex
 
 ALL_BACKENDS = ("torch", "onnx", "onnx-int8", "openvino")
 GROUP = 256  # compute_missing's group size
 RECALL_TOL, MRR_TOL = 0.005, 0.01
-
-
-def machine() -> dict[str, Any]:
-    """CPU model, cores and the load average now."""
-    from foundation.machine import cpu_model
-
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "loadavg": list(os.getloadavg())}
 
 
 def rss_kib() -> int:
@@ -170,13 +161,6 @@ def embed_phase(engine: Any, embedders: dict[str, Any], texts: dict[str, str], t
     return totals
 
 
-def pct(values: list[float], q: float) -> float:
-    """The ``q``-quantile (0..1) by linear interpolation (numpy's default)."""
-    import numpy as np
-
-    return float(np.quantile(np.asarray(values), q))
-
-
 def query_phase(embedders: dict[str, Any], queries: list[str]) -> dict[str, dict[str, float]]:
     """Embed every query alone with every backend (rotated order); p50/p99 ms per backend."""
     names = list(embedders)
@@ -187,9 +171,9 @@ def query_phase(embedders: dict[str, Any], queries: list[str]) -> dict[str, dict
         for name in names[i % len(names):] + names[:i % len(names)]:
             t0 = time.perf_counter()
             embedders[name].embed_query(q)
-            ms[name].append((time.perf_counter() - t0) * 1000.0)
-    return {n: {"p50_ms": pct(v, 0.5), "p99_ms": pct(v, 0.99), "mean_ms": statistics.fmean(v), "n": len(v)}
-            for n, v in ms.items()}
+            ms[name].append(elapsed_ms(t0))
+    return {n: {"p50_ms": quantile(v, 0.5), "p99_ms": quantile(v, 0.99), "mean_ms": statistics.fmean(v),
+                "n": len(v)} for n, v in ms.items()}
 
 
 def quality_phase(engine: Any, embedders: dict[str, Any], evalset: list[tuple[str, set[str]]],
@@ -231,8 +215,9 @@ def memory_phase(names: list[str], export_root: Path, threads: int, texts: list[
     texts_file.write_text(json.dumps(texts[:GROUP]))
     out: dict[str, dict[str, float]] = {}
     for name in names:
-        res = subprocess.run([sys.executable, __file__, "--memory-child", name, "--export-root",
-                              str(export_root), "--threads", str(threads), "--texts-file", str(texts_file)],
+        res = subprocess.run([sys.executable, "-m", "benchmarks.embedder_backends", "--memory-child", name,
+                              "--export-root", str(export_root), "--threads", str(threads),
+                              "--texts-file", str(texts_file)],
                              capture_output=True, text=True, check=True, cwd=REPO)
         rec = json.loads(res.stdout.strip().splitlines()[-1])
         out[name] = {"rss_mib": rec["rss_after_kib"] / 1024,

@@ -17,19 +17,18 @@ import statistics
 import time
 from pathlib import Path
 
-from foundation.machine import cpu_model
+from benchmarks.common import elapsed_ms, machine_line
 from generation.assets import ensure_packaged_generator
 from generation.base import GenParams
 from generation.local import LocalGenerator
 
 
 def _since(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000.0
+    return elapsed_ms(t0)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Print prefill/decode medians (ms) for the engine and plain transformers."""
-    import os
 
     import torch
     from transformers import AutoModelForCausalLM
@@ -46,8 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = ensure_packaged_generator(Path(a.data_dir))
     gen = LocalGenerator(model_dir, threads=a.threads)
     hf = AutoModelForCausalLM.from_pretrained(str(model_dir), attn_implementation="sdpa").eval()
-    print(f"machine: {cpu_model()}, {os.cpu_count()} cpus, "
-          f"load {os.getloadavg()[0]:.2f}; torch {torch.__version__}, threads {a.threads}")
+    print(f"machine: {machine_line()}; torch {torch.__version__}, threads {a.threads}")
     for n in lengths:
         ids = gen._synthetic_ids(n)
         x = torch.tensor([ids])

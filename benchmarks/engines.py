@@ -20,7 +20,7 @@ the medians. The prompt sizes and token counts are the same for both (ids are
 checked on the server side). The CPU model, core count and load average before and
 after are printed with the numbers.
 
-    flock /tmp/ragbudget-cpu.lock python benchmarks/engines.py --repeats 7 --tokens 32
+    flock /tmp/ragbudget-cpu.lock python -m benchmarks.engines --repeats 7 --tokens 32
 """
 
 from __future__ import annotations
@@ -35,10 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from foundation.machine import cpu_model  # noqa: E402
+from benchmarks.common import REPO, cpu_model, elapsed_ms
 
 TOPICS = ["inspection", "valve", "filter", "alarm", "pressure", "bearing", "backwash", "odour", "gauge"]
 
@@ -59,7 +56,7 @@ def run_once(gen: Any, prompt: Any, tokens: int) -> dict[str, Any]:
                                   params=GenParams(max_new_tokens=tokens)))
     s = gen.last_stats
     return {"ttft_ms": s.prefill_ms, "tpot_ms": s.tpot_ms, "events": n,
-            "output_tokens": s.output_tokens, "wall_ms": (time.perf_counter() - t0) * 1000.0}
+            "output_tokens": s.output_tokens, "wall_ms": elapsed_ms(t0)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
     from generation.assets import ensure_packaged_generator, load_tokenizer, packaged_gguf_path
-    from generation.llama_cpp_server import LlamaCppServer
     from generation.local import LocalGenerator
     from generation.remote import RemoteGenerator
+    from ragbudget_testing.llama_server import LlamaCppServer
     from retrieval.tokens import HFTextTokenizer
 
     load_start = os.getloadavg()

@@ -1,8 +1,8 @@
 """HTML extraction fidelity on real doc sets: boilerplate kept, code blocks intact, tables intact.
 
-    python benchmarks/extraction.py DIR [DIR ...] [--extractors ragbudget,html2text,inscriptis]
+    python -m benchmarks.extraction DIR [DIR ...] [--extractors ragbudget,html2text,inscriptis]
                                     [--limit N] [--json]
-    python benchmarks/extraction.py --diff DIR [--baseline-rev main]
+    python -m benchmarks.extraction --diff DIR [--baseline-rev main]
 
 For each folder (every ``*.html`` below it, sorted; ``--limit`` keeps every
 n-th page so the sample spans the set) and each extractor, the script prints:
@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -62,8 +63,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO, machine
 
 CHROME_TAGS = ("nav", "aside")
 CHROME_PAGE_TAGS = ("header", "footer")
@@ -75,9 +75,8 @@ _WS = re.compile(r"\s+")
 
 def cpu_model() -> str:
     """The CPU model name and the number of cores."""
-    from foundation.machine import cpu_model as model
-
-    return f"{model()}, {os.cpu_count()} cores"
+    m = machine()
+    return f"{m['cpu']}, {m['cores']} cores"
 
 
 def _norm(text: str) -> str:
@@ -289,11 +288,15 @@ def _baseline_module(rev: str, tmp: Path) -> Any:
     saved = {k: v for k, v in sys.modules.items() if k.split(".")[0] in ("retrieval", "foundation")}
     for k in saved:
         del sys.modules[k]
-    sys.path.insert(0, str(tmp))
     try:
+        for package in ("foundation", "retrieval"):  # rooted in tmp: submodules load from there
+            spec = importlib.util.spec_from_file_location(
+                package, tmp / package / "__init__.py", submodule_search_locations=[str(tmp / package)])
+            assert spec is not None and spec.loader is not None
+            sys.modules[package] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(sys.modules[package])
         return importlib.import_module("retrieval.extract")
     finally:
-        sys.path.remove(str(tmp))
         for k in [k for k in sys.modules if k.split(".")[0] in ("retrieval", "foundation")]:
             del sys.modules[k]
         sys.modules.update(saved)

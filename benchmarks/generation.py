@@ -25,8 +25,8 @@ Threads: ``--threads`` torch threads in the server and here (default 1, so the
 second core serves HTTP). Other processes' CPU share during (a) and (b) is
 printed (the server subprocess is not counted as "other").
 
-    python benchmarks/generation.py                  # --tokens 64 --repeats 7 --threads 1
-    python benchmarks/generation.py --no-table       # skip (c)
+    python -m benchmarks.generation                  # --tokens 64 --repeats 7 --threads 1
+    python -m benchmarks.generation --no-table       # skip (c)
 """
 
 from __future__ import annotations
@@ -46,9 +46,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import REPO as ROOT
+from benchmarks.common import elapsed_ms, quantile
 
 DEB = ROOT.parent / "shared" / "corpora" / "postgresql-doc-15_15.18-0+deb12u1_all.deb"
 HTML = "usr/share/doc/postgresql-doc-15/html"
@@ -176,11 +175,6 @@ def bare_greedy(model: Any, prompt_ids: list[int], new_tokens: int) -> dict[str,
     return {"ids": out, "tpot_ms": (times[-1] - times[0]) * 1000.0 / (len(out) - 1)}
 
 
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
-
-
 # --- the three measurements ----------------------------------------------------------------------
 def measure_overhead(pipeline: Any, req: Any, repeats: int) -> tuple[Any, dict[str, list[float]]]:
     """(b) ``repeats`` x ``pipeline.prepare(req)``: wall ms and the pipeline's own split."""
@@ -189,7 +183,7 @@ def measure_overhead(pipeline: Any, req: Any, repeats: int) -> tuple[Any, dict[s
     for _ in range(repeats):
         t0 = time.perf_counter()
         prepared = pipeline.prepare(req)
-        out["wall"].append((time.perf_counter() - t0) * 1000.0)
+        out["wall"].append(elapsed_ms(t0))
         out["retrieval"].append(prepared.timings_ms["retrieval_ms"])
         out["planning"].append(prepared.timings_ms["planning_ms"])
     return prepared, out
@@ -250,13 +244,13 @@ def print_overhead(times: dict[str, list[float]], api_runs: list[dict[str, Any]]
                        ("  planning + prompt assembly (both builds, profile, plan)", times["planning"]),
                        ("server overhead_ms in the API answers (arrival to planning)", over_ms),
                        ("server TTFT in the same answers (queue + pipeline + prefill)", ttft)):
-        print(f"| {name} | {statistics.median(vals):.1f} | {pct(vals, 0.95):.1f} |")
+        print(f"| {name} | {statistics.median(vals):.1f} | {quantile(vals, 0.95):.1f} |")
     print(f"\npipeline share of TTFT: {statistics.median(times['wall']) / statistics.median(ttft):.1%}")
 
 
 def scaffold_table(model_dir: Path, threads: int, repeats: int) -> None:
-    """(c) ``benchmarks/prefix_cache.py`` run as is, its table printed under a heading."""
-    import prefix_cache  # benchmarks/ is on the path when this file runs as a script
+    """(c) ``python -m benchmarks.prefix_cache`` run as is, its table printed under a heading."""
+    from benchmarks import prefix_cache
 
     buf = io.StringIO()
     old, sys.argv = sys.argv, ["prefix_cache.py", "--model-dir", str(model_dir), "--device", "cpu",

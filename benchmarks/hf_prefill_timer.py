@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from foundation.machine import cpu_model
+from benchmarks.common import cpu_model, elapsed_ms
 
 
 class HFPrefillTimer:
@@ -72,7 +72,7 @@ class HFPrefillTimer:
                              use_cache=True, logits_to_keep=1)
             int(out.logits[0, -1].argmax())
             self._sync()
-            return (time.perf_counter() - t0) * 1e3
+            return elapsed_ms(t0)
 
     def decode_step_ms(self, context_tokens: int) -> float:
         """Wall ms of one decode step after ``context_tokens`` of context."""
@@ -84,4 +84,4 @@ class HFPrefillTimer:
                              use_cache=True, logits_to_keep=1)
             int(out.logits[0, -1].argmax())
             self._sync()
-            return (time.perf_counter() - t0) * 1e3
+            return elapsed_ms(t0)

@@ -1,6 +1,6 @@
 """Store + chunking throughput on the real corpus (no embeddings).
 
-    python benchmarks/ingest.py [--database-url URL] [--data-dir DIR] [--json]
+    python -m benchmarks.ingest [--database-url URL] [--data-dir DIR] [--json]
 
 Fetches the PostgreSQL 15.18 and 15.20 docs (from ../shared/corpora, else apt),
 then, in one process on an empty database: ingests 15.18, ingests 15.20, and
@@ -22,9 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def peak_rss_mib() -> float:

@@ -4,11 +4,11 @@ the receipt append that deletes it, against an append with no row; SQLite and Po
 Per backend (a fresh SQLite file; a fresh schema in the local PostgreSQL ``test`` database when
 it is reachable), ``--rows`` answers, each: ``open_entry`` (timed: the journal write), then
 ``append_receipt`` with that id (timed: append + row delete), then an ``append_receipt`` of
-the same body without a row (timed: the plain append). Bodies from ``receipts.synthetic``
+the same body without a row (timed: the plain append). Bodies from ``ragbudget_testing.synthetic_receipts``
 (status ``interrupted``, no output, for the row; ``ok`` for the receipts). Prints p50/p95 ms
 per step with the CPU model and load average.
 
-    python benchmarks/journal.py --rows 200
+    python -m benchmarks.journal --rows 200
 """
 
 from __future__ import annotations
@@ -16,29 +16,26 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from sqlalchemy import create_engine, text
 
-from sqlalchemy import create_engine, text  # noqa: E402
-
-from app.db import upgrade  # noqa: E402
-from foundation.db import make_engine  # noqa: E402
-from foundation.machine import cpu_model  # noqa: E402
-from receipts import synthetic  # noqa: E402
-from receipts.chain import append_receipt, new_receipt_id  # noqa: E402
-from receipts.journal import open_entry  # noqa: E402
+from app.db import upgrade
+from benchmarks.common import elapsed_ms, machine_line
+from foundation.db import make_engine
+from ragbudget_testing import synthetic_receipts as synthetic
+from receipts.chain import append_receipt, new_receipt_id
+from receipts.journal import open_entry
 
 PG_BASE = os.environ.get("RAGBUDGET_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
 def _ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000.0
+    return elapsed_ms(t0)
 
 
 def measure(url: str, rows: int) -> dict[str, Any]:
@@ -68,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--rows", type=int, default=200)
     args = ap.parse_args(argv)
-    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+    print(f"machine: {machine_line()}")
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         results["sqlite"] = measure(f"sqlite:///{Path(tmp) / 'journal.db'}", args.rows)

@@ -9,8 +9,8 @@ processes used meanwhile. Writes ``docs/latency_model.png``: measured vs
 predicted TTFT against prompt tokens with the p95 band, one colour per cached
 length, and the held-out error of each form.
 
-    python benchmarks/latency_model.py --grid quick --save /tmp/latency_profile.json
-    python benchmarks/latency_model.py --load /tmp/latency_profile.json   # replot only
+    python -m benchmarks.latency_model --grid quick --save /tmp/latency_profile.json
+    python -m benchmarks.latency_model --load /tmp/latency_profile.json   # replot only
 """
 
 from __future__ import annotations
@@ -24,17 +24,13 @@ from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-# This file's name equals the package's: keep the benchmarks folder off the import path.
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != HERE]
-
-from latency_model.calibration import calibrate  # noqa: E402
-from latency_model.fitting import coverage, leave_one_group_out, mape  # noqa: E402
-from latency_model.grid import full_grid, quick_grid  # noqa: E402
-from latency_model.predictors import PREFILL_MODELS  # noqa: E402
-from latency_model.profile import Profile  # noqa: E402
-from latency_model.roofline import build_prior  # noqa: E402
+from benchmarks.common import REPO as ROOT
+from latency_model.calibration import calibrate
+from latency_model.fitting import coverage, leave_one_group_out, mape
+from latency_model.grid import full_grid, quick_grid
+from latency_model.predictors import PREFILL_MODELS
+from latency_model.profile import Profile
+from latency_model.roofline import build_prior
 
 DEFAULT_MODEL = ROOT / "ragbudget-data" / "models" / "smollm2-135m-instruct-fp32"
 
@@ -166,13 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         profile = Profile.from_json(args.load.read_text())
         wall_s = None
     else:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("hf_prefill_timer", HERE / "hf_prefill_timer.py")
-        assert spec is not None and spec.loader is not None
-        timer_module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(timer_module)
-        HFPrefillTimer = timer_module.HFPrefillTimer
+        from benchmarks.hf_prefill_timer import HFPrefillTimer
 
         if args.wait_quiet:
             wait_quiet(args.wait_quiet)

@@ -42,25 +42,22 @@ of the goals (4 clients vs serial, and vs 1 client).
 
     cp -a /work/data/mainjob /tmp/lb-data   # never write into the prepared directory
     RAGBUDGET_DATA_DIR=/tmp/lb-data flock /tmp/ragbudget-cpu.lock \\
-        python benchmarks/load.py --out docs/load.jsonl --per-cell 8
-    python benchmarks/load.py --out docs/load.jsonl --report   # the markdown table
-    python benchmarks/load.py --out FILE --report --batching   # a --batching run's table
+        python -m benchmarks.load --out benchmarks/results/load-grid-N.jsonl --per-cell 20
+    python -m benchmarks.load --out benchmarks/results/load-grid-16.jsonl --report   # the markdown table
+    python -m benchmarks.load --out FILE --report --batching   # a --batching run's table
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from benchmarks.load_http import Server, build, run_cell, run_header, set_arm  # noqa: E402
-from benchmarks.load_report import ARMS, read_rows, report, summarise  # noqa: E402
+from benchmarks.common import append_jsonl
+from benchmarks.load_http import Server, build, run_cell, run_header, set_arm
+from benchmarks.load_report import ARMS, read_rows, report, summarise
 
 BUDGETS = (800.0, 1500.0, 3000.0)
 TOKENS = (32, 64)
@@ -94,40 +91,37 @@ def grid(args: argparse.Namespace) -> int:
              and (not args.budgets or b in [float(x) for x in args.budgets.split(",")])
              and (not args.tokens_only or t in [int(x) for x in args.tokens_only.split(",")])]
     rng = random.Random(args.seed)
-    with out.open("a", encoding="utf-8") as fh:
-        header = {**run_header(services, app), "retry_immediately": args.retry_immediately}
-        fh.write(json.dumps(header) + "\n")
-        if args.grid_warmup and not done:
-            # A server in service has answered before: feed the online correction the
-            # machine as it is now (rows kept as kind "warmup", outside every cell).
-            set_arm(pipeline, "on")
-            rows = run_cell(server.url, "closed-1", 3000.0, TOKENS[0], args.grid_warmup, questions,
-                            random.Random(f"{args.seed}-warmup"), {})
+    header = {**run_header(services, app), "retry_immediately": args.retry_immediately}
+    append_jsonl(out, [header])
+    if args.grid_warmup and not done:
+        # A server in service has answered before: feed the online correction the
+        # machine as it is now (rows kept as kind "warmup", outside every cell).
+        set_arm(pipeline, "on")
+        rows = run_cell(server.url, "closed-1", 3000.0, TOKENS[0], args.grid_warmup, questions,
+                        random.Random(f"{args.seed}-warmup"), {})
+        for r in rows:
+            r.update(kind="warmup", arm="on", load="closed-1", budget=3000.0, tokens=TOKENS[0])
+        append_jsonl(out, rows)
+        state = pipeline.bands.correction_state(pipeline.profile().id)
+        print(f"warm-up: {len(rows)} answers, correction factor {state.factor:.3f}, "
+              f"p95 multiplier {state.p95_multiplier}", file=sys.stderr, flush=True)
+    for load, budget, tokens in cells:
+        for arm in arms:
+            key = (arm, load, budget, tokens)
+            cell_rng = random.Random(f"{args.seed}-{load}-{budget}-{tokens}")  # same questions per arm
+            if done.get(key, 0) >= args.per_cell:
+                continue
+            set_arm(pipeline, arm)
+            t0 = time.perf_counter()
+            rows = run_cell(server.url, load, budget, tokens, args.per_cell, questions, cell_rng, {},
+                            retry_immediately=args.retry_immediately)
             for r in rows:
-                r.update(kind="warmup", arm="on", load="closed-1", budget=3000.0, tokens=TOKENS[0])
-                fh.write(json.dumps(r) + "\n")
-            fh.flush()
-            state = pipeline.bands.correction_state(pipeline.profile().id)
-            print(f"warm-up: {len(rows)} answers, correction factor {state.factor:.3f}, "
-                  f"p95 multiplier {state.p95_multiplier}", file=sys.stderr, flush=True)
-        for load, budget, tokens in cells:
-            for arm in arms:
-                key = (arm, load, budget, tokens)
-                cell_rng = random.Random(f"{args.seed}-{load}-{budget}-{tokens}")  # same questions per arm
-                if done.get(key, 0) >= args.per_cell:
-                    continue
-                set_arm(pipeline, arm)
-                t0 = time.perf_counter()
-                rows = run_cell(server.url, load, budget, tokens, args.per_cell, questions, cell_rng, {},
-                                retry_immediately=args.retry_immediately)
-                for r in rows:
-                    r.update(kind="answer", arm=arm, load=load, budget=budget, tokens=tokens)
-                    fh.write(json.dumps(r) + "\n")
-                fh.flush()
-                s = summarise(rows, budget)
-                print(f"{load:>12} {budget:5.0f} ms {tokens:3d} tok {arm:>10}: answered {s['answered']}/"
-                      f"{s['requests']} within {s['within']} rejected {s['rejected']} used {s['used']} "
-                      f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+                r.update(kind="answer", arm=arm, load=load, budget=budget, tokens=tokens)
+            append_jsonl(out, rows)
+            s = summarise(rows, budget)
+            print(f"{load:>12} {budget:5.0f} ms {tokens:3d} tok {arm:>10}: answered {s['answered']}/"
+                  f"{s['requests']} within {s['within']} rejected {s['rejected']} used {s['used']} "
+                  f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     del rng
     server.stop()
     services.close()

@@ -1,4 +1,4 @@
-"""``benchmarks/load.py --auth``: ``POST /v1/retrieve`` over HTTP with and without a key, same run."""
+"""``python -m benchmarks.load --auth``: ``POST /v1/retrieve`` over HTTP with and without a key, same run."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import random
 import time
 
+from benchmarks.common import append_jsonl, elapsed_ms, quantile_or_none
 from benchmarks.load_http import Server, build
-from benchmarks.load_report import pct
 
 
 def auth(args: argparse.Namespace) -> int:
@@ -41,7 +41,7 @@ def auth(args: argparse.Namespace) -> int:
             q = questions[rng.randrange(len(questions))]
             t0 = time.perf_counter()
             r = client.post(f"{url}/v1/retrieve", json={"query": q, "k": 4}, headers=headers)
-            ms = (time.perf_counter() - t0) * 1000.0
+            ms = elapsed_ms(t0)
             assert r.status_code == 200, r.text
             if i >= 20:  # the first ten of each warm the path
                 times[which].append(ms)
@@ -54,14 +54,13 @@ def auth(args: argparse.Namespace) -> int:
     for _ in range(args.auth_requests):
         t0 = time.perf_counter()
         authenticate(services.engine, key)
-        direct.append((time.perf_counter() - t0) * 1000.0)
+        direct.append(elapsed_ms(t0))
     out = {"kind": "auth", "requests_each": args.auth_requests,
-           "check_p50_ms": pct(direct, 0.5), "check_p95_ms": pct(direct, 0.95),
-           **{f"{k}_p50_ms": pct(v, 0.5) for k, v in times.items()},
-           **{f"{k}_p95_ms": pct(v, 0.95) for k, v in times.items()}}
+           "check_p50_ms": quantile_or_none(direct, 0.5), "check_p95_ms": quantile_or_none(direct, 0.95),
+           **{f"{k}_p50_ms": quantile_or_none(v, 0.5) for k, v in times.items()},
+           **{f"{k}_p95_ms": quantile_or_none(v, 0.95) for k, v in times.items()}}
     out["p50_difference_ms"] = out["with_key_p50_ms"] - out["without_key_p50_ms"]  # type: ignore[operator]
-    with args.out.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(out) + "\n")
+    append_jsonl(args.out, [out])
     print(json.dumps(out, indent=1))
     services.close()
     return 0

@@ -1,9 +1,8 @@
-"""``benchmarks/load.py --batching``: batched vs one-at-a-time answers, and the engine-setting sweep."""
+"""``python -m benchmarks.load --batching``: batched vs one-at-a-time answers and the engine-setting sweep."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -12,8 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import append_jsonl, quantile_or_none
 from benchmarks.load_http import Server, build, run_cell, run_header
-from benchmarks.load_report import BATCH_ARMS, batching_report, engine_sweep_report, pct
+from benchmarks.load_report import BATCH_ARMS, batching_report, engine_sweep_report
 
 
 def batching(args: argparse.Namespace) -> int:
@@ -43,35 +43,33 @@ def batching(args: argparse.Namespace) -> int:
     header = run_header(services, app)
     header.update(kind="batching-run", max_running=configured, auth=args.with_key)
     results: dict[tuple[int, str], dict[str, Any]] = {}
-    with out.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(header) + "\n")
-        for clients in [int(c) for c in args.clients.split(",")]:
-            for arm in BATCH_ARMS:
-                engine.max_running = configured if arm == "batched" else 1
-                cell_rng = random.Random(f"{args.seed}-batching-{clients}")  # same questions per arm
-                t0 = time.perf_counter()
-                rows = run_cell(server.url, f"closed-{clients}", args.budget, args.tokens,
-                                clients * args.per_client, questions, cell_rng, headers, "answer")
-                wall_s = time.perf_counter() - t0
-                ok = [r for r in rows if r["status"] == 200]
-                ttft = [r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None]
-                tpot = [r["tpot_ms"] for r in ok if r.get("tpot_ms") is not None]
-                cell = {"kind": "batching", "clients": clients, "arm": arm, "budget": args.budget,
-                        "tokens": args.tokens, "requests": len(rows), "answered": len(ok),
-                        "within": sum(1 for r in ok if r["within"]), "wall_s": wall_s,
-                        "goodput_per_min": 60.0 * sum(1 for r in ok if r["within"]) / wall_s,
-                        "answers_per_min": 60.0 * len(ok) / wall_s,
-                        "ttft_p50": pct(ttft, 0.5), "ttft_p95": pct(ttft, 0.95),
-                        "tpot_mean": statistics.fmean(tpot) if tpot else None,
-                        "tokens_out_mean": statistics.fmean(r["tokens_out"] for r in ok) if ok else None,
-                        "k_mean": statistics.fmean(r["k"] for r in ok) if ok else None,
-                        "loadavg": os.getloadavg(), "rows": rows}
-                results[(clients, arm)] = cell
-                fh.write(json.dumps(cell) + "\n")
-                fh.flush()
-                print(f"{clients} clients {arm:>7}: {cell['within']}/{len(rows)} within budget, "
-                      f"goodput {cell['goodput_per_min']:.1f}/min, TTFT p95 {cell['ttft_p95']}, "
-                      f"TPOT {cell['tpot_mean']} ({wall_s:.0f} s)", file=sys.stderr, flush=True)
+    append_jsonl(out, [header])
+    for clients in [int(c) for c in args.clients.split(",")]:
+        for arm in BATCH_ARMS:
+            engine.max_running = configured if arm == "batched" else 1
+            cell_rng = random.Random(f"{args.seed}-batching-{clients}")  # same questions per arm
+            t0 = time.perf_counter()
+            rows = run_cell(server.url, f"closed-{clients}", args.budget, args.tokens,
+                            clients * args.per_client, questions, cell_rng, headers, "answer")
+            wall_s = time.perf_counter() - t0
+            ok = [r for r in rows if r["status"] == 200]
+            ttft = [r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None]
+            tpot = [r["tpot_ms"] for r in ok if r.get("tpot_ms") is not None]
+            cell = {"kind": "batching", "clients": clients, "arm": arm, "budget": args.budget,
+                    "tokens": args.tokens, "requests": len(rows), "answered": len(ok),
+                    "within": sum(1 for r in ok if r["within"]), "wall_s": wall_s,
+                    "goodput_per_min": 60.0 * sum(1 for r in ok if r["within"]) / wall_s,
+                    "answers_per_min": 60.0 * len(ok) / wall_s,
+                    "ttft_p50": quantile_or_none(ttft, 0.5), "ttft_p95": quantile_or_none(ttft, 0.95),
+                    "tpot_mean": statistics.fmean(tpot) if tpot else None,
+                    "tokens_out_mean": statistics.fmean(r["tokens_out"] for r in ok) if ok else None,
+                    "k_mean": statistics.fmean(r["k"] for r in ok) if ok else None,
+                    "loadavg": os.getloadavg(), "rows": rows}
+            results[(clients, arm)] = cell
+            append_jsonl(out, [cell])
+            print(f"{clients} clients {arm:>7}: {cell['within']}/{len(rows)} within budget, "
+                  f"goodput {cell['goodput_per_min']:.1f}/min, TTFT p95 {cell['ttft_p95']}, "
+                  f"TPOT {cell['tpot_mean']} ({wall_s:.0f} s)", file=sys.stderr, flush=True)
     engine.max_running = configured
     server.stop()
     services.close()
@@ -90,29 +88,27 @@ def engine_sweep(args: argparse.Namespace, services: Any, app: Any, questions: l
     header = run_header(services, app)
     header.update(kind="engine-sweep-run", settings=settings, auth=args.with_key)
     cells: list[dict[str, Any]] = []
-    with args.out.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(header) + "\n")
-        for rnd in range(args.rounds):
-            order = settings[rnd % len(settings):] + settings[:rnd % len(settings)]
-            for clients in [int(c) for c in args.clients.split(",")]:
-                for running, budget in order:
-                    engine.max_running, engine.step_token_budget = running, budget
-                    cell_rng = random.Random(f"{args.seed}-sweep-{clients}-{rnd}")
-                    t0 = time.perf_counter()
-                    rows = run_cell(server.url, f"closed-{clients}", args.budget, args.tokens,
-                                    clients * args.per_client, questions, cell_rng, headers, "answer")
-                    wall_s = time.perf_counter() - t0
-                    ok = [r for r in rows if r["status"] == 200]
-                    cell = {"kind": "engine-sweep", "round": rnd, "clients": clients, "max_running": running,
-                            "step_token_budget": budget, "budget": args.budget, "tokens": args.tokens,
-                            "requests": len(rows), "answered": len(ok),
-                            "within": sum(1 for r in ok if r["within"]), "wall_s": wall_s,
-                            "loadavg": os.getloadavg(), "rows": rows}
-                    cells.append(cell)
-                    fh.write(json.dumps(cell) + "\n")
-                    fh.flush()
-                    print(f"round {rnd} {clients} clients {running}x{budget}: {cell['within']}/{len(rows)} "
-                          f"within budget ({wall_s:.0f} s)", file=sys.stderr, flush=True)
+    append_jsonl(args.out, [header])
+    for rnd in range(args.rounds):
+        order = settings[rnd % len(settings):] + settings[:rnd % len(settings)]
+        for clients in [int(c) for c in args.clients.split(",")]:
+            for running, budget in order:
+                engine.max_running, engine.step_token_budget = running, budget
+                cell_rng = random.Random(f"{args.seed}-sweep-{clients}-{rnd}")
+                t0 = time.perf_counter()
+                rows = run_cell(server.url, f"closed-{clients}", args.budget, args.tokens,
+                                clients * args.per_client, questions, cell_rng, headers, "answer")
+                wall_s = time.perf_counter() - t0
+                ok = [r for r in rows if r["status"] == 200]
+                cell = {"kind": "engine-sweep", "round": rnd, "clients": clients, "max_running": running,
+                        "step_token_budget": budget, "budget": args.budget, "tokens": args.tokens,
+                        "requests": len(rows), "answered": len(ok),
+                        "within": sum(1 for r in ok if r["within"]), "wall_s": wall_s,
+                        "loadavg": os.getloadavg(), "rows": rows}
+                cells.append(cell)
+                append_jsonl(args.out, [cell])
+                print(f"round {rnd} {clients} clients {running}x{budget}: {cell['within']}/{len(rows)} "
+                      f"within budget ({wall_s:.0f} s)", file=sys.stderr, flush=True)
     engine.max_running, engine.step_token_budget = configured, configured_budget
     server.stop()
     services.close()

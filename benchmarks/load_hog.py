@@ -1,4 +1,4 @@
-"""``benchmarks/load.py --hog``: p95 coverage of the prefill prediction once a CPU hog starts."""
+"""``python -m benchmarks.load --hog``: p95 coverage of the prefill prediction once a CPU hog starts."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+from benchmarks.common import append_jsonl
 from benchmarks.load_http import Server, build, set_arm
 
 
@@ -68,8 +69,7 @@ def hog(args: argparse.Namespace) -> int:
         services.close()
 
     out = {"kind": "hog", "profile": profile.id, **summarise(rows, args.warmup), "rows": rows}
-    with args.out.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(out) + "\n")
+    append_jsonl(args.out, [out])
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1))
     return 0
 
@@ -125,7 +125,7 @@ def summarise(rows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
 
 
 def hog_report(rows: list[dict[str, Any]]) -> str:
-    """``load.py --report`` on a hog run's file: one JSON summary per ``kind: hog`` row, its
+    """``python -m benchmarks.load --report`` on a hog run's file: one JSON summary per ``kind: hog`` row, its
     :func:`summarise` recomputed from the stored per-answer rows."""
     return "\n".join(json.dumps({"profile": r.get("profile"), **summarise(r["rows"], sum(
         1 for a in r["rows"] if not a["hog"]))}) for r in rows if r.get("kind") == "hog")

@@ -9,17 +9,12 @@ well-behaved copilot would (``retry_immediately=True``: it asks again at once, h
 
 from __future__ import annotations
 
-import os
 import random
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks.common import elapsed_ms, machine
 
 
 def set_arm(pipeline: Any, arm: str) -> None:
@@ -63,7 +58,7 @@ def post_answer(client: Any, url: str, question: str, budget: float, tokens: int
     r = client.post(f"{url}/v1/answer", headers=headers, timeout=600,
                     json={"question": question, "ttft_budget_ms": budget, "max_new_tokens": tokens,
                           "on_budget_miss": on_budget_miss})
-    wall = (time.perf_counter() - t0) * 1000.0
+    wall = elapsed_ms(t0)
     row: dict[str, Any] = {"status": r.status_code, "client_ms": wall}
     if r.status_code == 200:
         a = r.json()
@@ -160,12 +155,9 @@ def build(auth: bool = False) -> tuple[Any, Any, list[str]]:
 
 def run_header(services: Any, app: Any) -> dict[str, Any]:
     """The ``kind: run`` row that opens each run in ``--out``: profile, model, machine, load."""
-    from foundation.machine import cpu_model
-
     prof = app.state.pipeline.profile()
     return {"kind": "run", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "profile": prof.id, "profile_source": prof.source,
             "model": services.generator.identity.get("model_id"),
             "threads": services.generator.identity.get("threads"),
-            "cpu": cpu_model(), "cores": os.cpu_count(),
-            "loadavg": os.getloadavg()}
+            **machine()}

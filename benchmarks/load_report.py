@@ -1,9 +1,9 @@
-"""Tables of ``benchmarks/load.py`` runs: read its jsonl rows, summarise cells, print markdown.
+"""Tables of ``python -m benchmarks.load`` runs: read its jsonl rows, summarise cells, print markdown.
 
-Kept apart from the runner so a finished run's ``--out`` can be reported (``python
-benchmarks/load.py --out FILE --report``) and the figures quoted in docs/benchmarks.md
-recomputed without loading any model. Row fields are those ``benchmarks/load.py`` writes
-(one answer a line; see its module docstring).
+Kept apart from the runner so a finished run's ``--out`` can be reported (``python -m
+benchmarks.load --out FILE --report``) and the figures quoted in docs/benchmarks.md
+recomputed from benchmarks/results/ without loading any model. Row fields are those
+``benchmarks/load.py`` writes (one answer a line; see its module docstring).
 """
 
 from __future__ import annotations
@@ -15,19 +15,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-#: The grid's arms (``benchmarks/load.py --arms``) and the ``--batching`` arms.
+from benchmarks.common import quantile_or_none
+
+#: The grid's arms (``python -m benchmarks.load --arms``) and the ``--batching`` arms.
 ARMS = ("on", "on-answers", "on-greedy", "off")
 BATCH_ARMS = ("batched", "serial")
-
-
-def pct(xs: list[float], q: float) -> float | None:
-    """The q-quantile (0..1) by linear interpolation; None when empty."""
-    if not xs:
-        return None
-    ys = sorted(xs)
-    pos = (len(ys) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ys[lo] + (ys[hi] - ys[lo]) * (pos - lo)
 
 
 def binomial_tail(n: int, at_least: int, p: float) -> float:
@@ -60,7 +52,8 @@ def summarise(rows: list[dict[str, Any]], budget: float) -> dict[str, Any]:
             "within": (sum(1 for r in answered if r["within"]) / len(answered)) if answered else None,
             "rejected": len(rejected) / len(rows) if rows else None,
             "used": statistics.fmean(t / budget for t in ttft) if ttft else None,
-            "ttft_p50": pct(ttft, 0.5), "ttft_p95": pct(ttft, 0.95), "queue_p95": pct(queue, 0.95),
+            "ttft_p50": quantile_or_none(ttft, 0.5), "ttft_p95": quantile_or_none(ttft, 0.95),
+            "queue_p95": quantile_or_none(queue, 0.95),
             "k_mean": statistics.fmean(r["k"] for r in answered) if answered else None,
             "other_errors": len(rows) - len(answered) - len(rejected)}
 
@@ -205,8 +198,8 @@ def engine_sweep_report(cells: list[dict[str, Any]]) -> str:
         within = sum(1 for r in rows if r["within"])
         wall = sum(c["wall_s"] for c in cs)
         lines.append(f"| {clients} | {running} | {budget} | {within}/{sum(c['requests'] for c in cs)} | "
-                     f"{60.0 * within / wall:.1f} | {pct(ttft, 0.5) or 0:.0f} | "
-                     f"{pct(ttft, 0.95) or 0:.0f} | "
+                     f"{60.0 * within / wall:.1f} | {quantile_or_none(ttft, 0.5) or 0:.0f} | "
+                     f"{quantile_or_none(ttft, 0.95) or 0:.0f} | "
                      f"{statistics.fmean(tpot) if tpot else 0:.1f} | "
                      f"{statistics.fmean(r['k'] for r in rows) if rows else 0:.1f} |")
     return "\n".join(lines)

@@ -21,7 +21,7 @@ This prints, with the OpenMP settings in the environment:
 * ``served_over_alone`` and ``served_over_timer``: the ratios (1.0: the profile describes
   served answers).
 
-    RAGBUDGET_DATA_DIR=ragbudget-data python benchmarks/omp_pools.py
+    RAGBUDGET_DATA_DIR=ragbudget-data python -m benchmarks.omp_pools
 """
 
 from __future__ import annotations
@@ -30,12 +30,7 @@ import argparse
 import json
 import os
 import statistics
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.services import Services
     from app.settings import get_settings
-    from foundation.machine import cpu_model
+    from benchmarks.common import cpu_model
     from generation.base import GenParams
 
     services = Services(get_settings())

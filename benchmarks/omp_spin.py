@@ -9,7 +9,7 @@ medians per setting. The variable is always set in the child, so the project's o
 (``foundation.GOMP_SPINCOUNT``) never applies; libgomp's own default is 300000. ``passive``
 sets ``OMP_WAIT_POLICY=PASSIVE`` (and an empty ``GOMP_SPINCOUNT``, which libgomp ignores).
 
-    RAGBUDGET_DATA_DIR=ragbudget-data python benchmarks/omp_spin.py --spins 300000,3000,1000
+    RAGBUDGET_DATA_DIR=ragbudget-data python -m benchmarks.omp_spin --spins 300000,3000,1000
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO
 
 
 def child(tokens: int, cached: int, repeat: int) -> dict[str, object]:
@@ -64,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.tokens, args.cached, args.repeat)))
         return 0
 
-    from foundation.machine import cpu_model
+    from benchmarks.common import cpu_model
 
     got: dict[str, list[tuple[float, float]]] = {}
     for _ in range(args.rounds):
@@ -75,9 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                 env.update(OMP_WAIT_POLICY="PASSIVE", GOMP_SPINCOUNT="")
             else:
                 env["GOMP_SPINCOUNT"] = spin
-            out = subprocess.run([sys.executable, __file__, "--child", "--tokens", str(args.tokens),
-                                  "--cached", str(args.cached), "--repeat", str(args.repeat)],
-                                 env=env, capture_output=True, text=True, check=True)
+            out = subprocess.run([sys.executable, "-m", "benchmarks.omp_spin", "--child",
+                                  "--tokens", str(args.tokens), "--cached", str(args.cached),
+                                  "--repeat", str(args.repeat)],
+                                 env=env, capture_output=True, text=True, check=True, cwd=REPO)
             row = json.loads(out.stdout.strip().splitlines()[-1])
             idle, hog = statistics.median(row["idle_ms"]), statistics.median(row["hog_ms"])
             got.setdefault(spin, []).append((idle, hog))

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/receipts.py [--appends 200] [--chain 100000] [--replays 50] [--json]
+    python -m benchmarks.receipts [--appends 200] [--chain 100000] [--replays 50] [--json]
 
 * write: median / p95 ms of :func:`receipts.chain.append_receipt` for a realistic
   body (K=16 candidates, 17 plan rows, 64 output tokens), one after another, on a
@@ -16,7 +16,7 @@ Usage::
   ratio is measured under the same load.
 * replay: :func:`receipts.replay.replay` without regeneration over a small store
   written straight into the tables with a deterministic fake retriever
-  (``receipts/synthetic.py``): the receipts side of replay (hash and link,
+  (``ragbudget_testing/synthetic_receipts.py``): the receipts side of replay (hash and link,
   pinned-revision root, re-run retrieval, stored chunks, prompt rebuild, freshness).
   With the real retriever add its own ``retrieve`` latency (benchmarks/retrieve.py).
 
@@ -33,32 +33,29 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from sqlalchemy import Engine, insert
 
-from sqlalchemy import Engine, insert  # noqa: E402
-
-from app.db import open_database  # noqa: E402
-from app.settings import get_settings  # noqa: E402
-from foundation.db import WriterLock, write_transaction  # noqa: E402
-from foundation.hashing import sha256_ints, sha256_text  # noqa: E402
-from foundation.machine import cpu_model  # noqa: E402
-from receipts.canonical import canonical_body, receipt_hash  # noqa: E402
-from receipts.chain import GENESIS, append_receipt  # noqa: E402
-from receipts.models import ReceiptDocument, ReceiptRow  # noqa: E402
-from receipts.replay import replay  # noqa: E402
-from receipts.schema import (  # noqa: E402
+from app.db import open_database
+from app.settings import get_settings
+from benchmarks.common import cpu_model, elapsed_ms
+from foundation.db import WriterLock, write_transaction
+from foundation.hashing import sha256_ints, sha256_text
+from ragbudget_testing.synthetic_receipts import candidate, sections
+from receipts.canonical import canonical_body, receipt_hash
+from receipts.chain import GENESIS, append_receipt
+from receipts.models import ReceiptDocument, ReceiptRow
+from receipts.replay import replay
+from receipts.schema import (
     build_receipt_body,
-    document_versions,  # noqa: E402
+    document_versions,
 )
-from receipts.synthetic import candidate, sections  # noqa: E402
-from receipts.verify import verify_chain  # noqa: E402
+from receipts.verify import verify_chain
 
 
 def realistic_body(i: int = 0) -> dict[str, Any]:
@@ -91,7 +88,7 @@ def bench_write(root: Path, n: int) -> dict[str, Any]:
         b = copy.deepcopy(template)
         t0 = time.perf_counter()
         append_receipt(engine, b)
-        times.append((time.perf_counter() - t0) * 1000.0)
+        times.append(elapsed_ms(t0))
     engine.dispose()
     times.sort()
     return {"appends": n, "body_bytes": len(canonical_body(template)),
@@ -157,7 +154,7 @@ def bench_verify(root: Path, n: int, rounds: int) -> dict[str, Any]:
 
 
 def bench_replay(root: Path, n: int) -> dict[str, Any]:
-    from receipts.synthetic import (
+    from ragbudget_testing.synthetic_receipts import (
         FakeRetriever,
         answer_body,
         make_revision_1,
@@ -174,7 +171,7 @@ def bench_replay(root: Path, n: int) -> dict[str, Any]:
     for rid in ids:
         t0 = time.perf_counter()
         report = replay(engine, rid, retriever=retriever, rebuild_prompt=rebuild_prompt)
-        times.append((time.perf_counter() - t0) * 1000.0)
+        times.append(elapsed_ms(t0))
         ok = ok and report.ok
     engine.dispose()
     times.sort()

@@ -18,8 +18,8 @@ Each chunking variant (``chunk_tokens:overlap_tokens``) is ingested into its
 own data directory ``<--data-dir>/quality-<tokens>-<overlap>/`` (SQLite
 database and index, reused on later runs). Usage::
 
-    python benchmarks/retrieval_quality.py                       # 128:16, 256:32, 64:8
-    python benchmarks/retrieval_quality.py --variants 128:16 --limit 300 --json out.json
+    python -m benchmarks.retrieval_quality                       # 128:16, 256:32, 64:8
+    python -m benchmarks.retrieval_quality --variants 128:16 --limit 300 --json out.json
 """
 
 from __future__ import annotations
@@ -31,10 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from retrieval.bookindex import page_ranking, parse_bookindex  # noqa: E402
+from benchmarks.common import REPO
+from retrieval.bookindex import page_ranking, parse_bookindex
 
 CORPORA = REPO.parent / "shared" / "corpora"
 GENERATOR_DIR = REPO / "ragbudget-data" / "models" / "smollm2-135m-instruct-fp32"

@@ -20,7 +20,7 @@
 Targets on the 2-core machine: search + fetch p50 <= 5 ms at 100k chunks; whole
 retrieve p50 <= 25 ms; ingest/embedder throughput ratio >= 0.9. Usage::
 
-    python benchmarks/retrieve.py [--queries 300] [--n-synthetic 100000] [--json out.json]
+    python -m benchmarks.retrieve [--queries 300] [--n-synthetic 100000] [--json out.json]
 """
 
 from __future__ import annotations
@@ -36,11 +36,8 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from retrieval_quality import (  # noqa: E402
+from benchmarks.common import REPO
+from benchmarks.retrieval_quality import (
     CORPORA,
     ingest_corpus,
     ingest_items,

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/ui_receipt_page.py --data-dir COPY_OF_DATA_DIR [--receipts 20] [--rounds 5]
+    python -m benchmarks.ui_receipt_page --data-dir COPY_OF_DATA_DIR [--receipts 20] [--rounds 5]
 
 Opens the data directory's database (a copy: the script creates an operator key in it),
 builds the real app, signs in through the console's form, then loads
@@ -26,14 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from foundation.machine import cpu_model  # noqa: E402
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+from benchmarks.common import cpu_model, quantile
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"first request of the process (templates compiled): server {first_server:.1f} ms, "
           f"wall {first_wall:.1f} ms")
     print(f"receipt page server time over {len(server_ms)} loads: p50 {statistics.median(server_ms):.1f} ms, "
-          f"p95 {_pct(server_ms, 0.95):.1f} ms, max {max(server_ms):.1f} ms")
-    print(f"in-process wall time: p50 {statistics.median(wall_ms):.1f} ms, p95 {_pct(wall_ms, 0.95):.1f} ms")
+          f"p95 {quantile(server_ms, 0.95):.1f} ms, max {max(server_ms):.1f} ms")
+    print(f"in-process wall time: p50 {statistics.median(wall_ms):.1f} ms, "
+          f"p95 {quantile(wall_ms, 0.95):.1f} ms")
     print(f"# loadavg at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     services.close()
     return 0

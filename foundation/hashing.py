@@ -1,6 +1,6 @@
 """Hashing in one place: canonical bytes, algorithm-tagged SHA-256.
 
-Contract (DESIGN.md, "Contracts worth keeping stable"):
+Contract (docs/architecture.md, "Contracts"):
 
 * Every hash is written ``sha256:<64 lowercase hex>`` so the algorithm can change.
 * Text is hashed over its normalised UTF-8 bytes (see :func:`normalize_text`).

@@ -7,7 +7,6 @@
   :mod:`generation.remote_text`: token-id prompts for text-only servers (llama-cpp-python).
 * :mod:`generation.assets`: the generator's model files (packaged models, GGUF conversion, weights hash).
 * :mod:`generation.chat_template`: which chat template frames the prompt (never a silent default).
-* :mod:`generation.llama_cpp_server`: llama.cpp's server as a child process (tests, benchmarks).
 
 This room imports ``foundation`` and ``retrieval.tokens`` (the tokenizer
 protocol) only; choosing and configuring a backend is the app's wiring

@@ -6,7 +6,7 @@ transformers causal LM with a scaffold prefix KV cache) and
 or SGLang). The answer pipeline and the latency calibration code only see this
 module.
 
-Timing conventions (DESIGN.md, "Contracts worth keeping stable"): every time
+Timing conventions (docs/architecture.md, "Contracts"): every time
 stamp is ``time.perf_counter()`` in seconds; durations are converted to ms once
 and carry ``_ms`` in their names. TTFT and TPOT follow vLLM's benchmark
 definitions (``benchmarks/backend_request_func.py`` / ``benchmark_serving.py``):

@@ -53,7 +53,7 @@ two bounded terms on top of the fitted profile, which itself is never changed:
   shown so far over the pooled factor, so the band covers at least what the group has
   measured (the first answers beside a batch, after a spell of answers alone, measured TTFT
   1.24-1.50x their plan's p50 where the pooled multiplier was 1.14-1.34:
-  docs/load-chunk64-800-retry.jsonl, closed-2). One pooled window mixes two spreads: a
+  benchmarks/results/load-chunk64-800-retry.jsonl, closed-2). One pooled window mixes two spreads: a
   batched answer's prefill also pays for answers that arrive after its plan (its prediction
   cannot see them), and in the load grid's fifth run (docs/benchmarks.md) that mixture put
   every plan's p95 at 1.33-1.37x the measured TTFT, alone or not, where the fitted spread

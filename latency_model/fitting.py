@@ -42,7 +42,7 @@ SHORT_COMPUTED_TOKENS = 128
 SELECTION_TOLERANCE = 0.005
 # Forms from most to least physically right for the engines ragbudget times: ``chunked`` prices
 # the forward passes the chunked engine really runs (only a candidate when the chunk size is
-# known), ``quadratic`` is DESIGN.md's form, ``quadratic_split`` adds a term without a mechanism
+# known), ``quadratic`` is the documented default, ``quadratic_split`` adds a term without a mechanism
 # in this engine, ``two_path`` models a masked-attention path the old engine took (SDPA's
 # explicit mask after a cached prefix) and ``linear`` leaves attention out.
 PHYSICAL_ORDER = ("chunked", "quadratic", "quadratic_split", "two_path", "linear")

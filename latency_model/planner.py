@@ -1,7 +1,7 @@
 """The TTFT-budget planner: how many ranked chunks fit a time-to-first-token budget.
 
 For every ``k`` from 0 to ``len(chunk_tokens)`` the planner lays out the prompt
-as ``[scaffold][chunks 1..k][question][extra]`` (DESIGN.md), predicts its
+as ``[scaffold][chunks 1..k][question][extra]`` (docs/architecture.md, "Data flow"), predicts its
 prefill time at p50 and p95 from a :class:`~latency_model.profile.Profile`, and
 checks it against the budget and the context window. Chunks are taken in rank
 order only: reordering would change what a replay rebuilds.

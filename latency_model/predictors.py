@@ -7,7 +7,7 @@ divided by its measurement, so a 5 % miss on a 20 ms prompt costs as much as a
 stored as JSON next to a hash of their training data) follows Microsoft's Vidur
 execution-time predictors (Agrawal et al., MLSys 2024); the quadratic prefill
 form follows DistServe's prefill estimator ``a + b*L + c*L^2`` (Zhong et al.,
-OSDI 2024), extended to a prefix cache as in ``DESIGN.md``.
+OSDI 2024), extended to a prefix cache (docs/latency_model.md, "The model").
 
 Prefill forms (n prompt tokens, c of them from the prefix cache, m = n - c):
 
@@ -15,7 +15,7 @@ Prefill forms (n prompt tokens, c of them from the prefix cache, m = n - c):
 name                ttft_ms                                     meaning of the terms
 ==================  ==========================================  =====================================
 ``linear``          a + b*m                                     fixed cost + per-token linear layers
-``quadratic``       a + b*m + g*m*(n + c)                       + attention (DESIGN.md, the default)
+``quadratic``       a + b*m + g*m*(n + c)                       + attention (the default)
 ``quadratic_split`` a + b*m + g*m*(n + c) + h*m^2               + extra causal self-attention cost
 ``two_path``        a + b*m + g*m*(n + c) + h*[c > 0]*m*n       + masked-attention cost of a cache hit
 ``chunked``         a + k*q + b*m + g*m*(n + c)                 + a fixed cost per forward pass (chunk)
@@ -232,7 +232,7 @@ class LinearPrefill(PrefillPredictor):
 class QuadraticPrefill(PrefillPredictor):
     """``ttft_ms = a + b*m + g*m*(n + c)``: adds attention, each of the m computed tokens
     attending to about (n + c)/2 keys (DistServe's ``a + b*L + c*L^2``, extended to a prefix
-    cache as in DESIGN.md). The default form."""
+    cache, docs/latency_model.md "The model"). The default form."""
 
     name = "quadratic"
     coefficient_names = ("a", "b", "g")

@@ -51,7 +51,7 @@ STEP_FORM = "mixed_step"
 STEP_COEFFICIENTS = ("a", "b", "s", "g", "e", "h")
 STEP_FORMULA = "a + b*R + s*S + g*A + e*K + h*H"
 # The engine's row padding on CPU (generation.scheduler.MIN_ROWS / ROW_MULTIPLE), repeated here
-# because latency_model imports nothing from generation (DESIGN.md); a profile records its own.
+# because latency_model imports nothing from generation (docs/architecture.md); a profile records its own.
 DEFAULT_MIN_ROWS = 16
 DEFAULT_ROW_MULTIPLE = 8
 

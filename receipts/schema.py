@@ -1,7 +1,7 @@
 """The receipt body: what an answer records so an operator can replay it exactly.
 
-A body is a plain JSON object of sections (DESIGN.md, "Receipt (minimum
-content)"). :func:`build_receipt_body` checks every required key and its type
+A body is a plain JSON object of sections (docs/receipts.md, "Format
+(format_version 2)"). :func:`build_receipt_body` checks every required key and its type
 and returns a fresh dict; :func:`validate_body` checks an existing one. The
 chain fields (``id``, ``seq``, ``created_at``, ``prev_hash``, ``hash``) are set
 by :func:`receipts.chain.append_receipt`, never by the caller.
@@ -71,7 +71,7 @@ SECTIONS: dict[str, dict[str, str]] = {
     "software": {"python": "str?", "torch": "str?", "transformers": "str?",
                  "sentence_transformers": "str?", "faiss": "str?", "ragbudget": "str?"},
 }
-# Timings that answers record from the one request clock on (DESIGN.md, issue "one clock"):
+# Timings that answers record from the one request clock on (docs/latency_model.md, "Under load"):
 # optional, so receipts written before them verify unchanged; checked when present.
 OPTIONAL_TIMINGS = {"auth_ms": "num?", "planning_ms": "num?", "prefill_ms": "num?",
                     "overhead_ms": "num?"}

@@ -1,6 +1,6 @@
 """The context a receipt recorded, loaded back from the store.
 
-Nothing in the store is overwritten (DESIGN.md), so the chunks a receipt names
+Nothing in the store is overwritten (docs/store.md, "Semantics"), so the chunks a receipt names
 stay readable after their documents were updated or deleted. This module loads
 them by chunk id and checks that each still belongs to the recorded document
 version and still has the recorded chunk hash.

@@ -119,7 +119,7 @@ $PY -c \"import json; d = json.load(open('$OUT/calibrate.json')); print(d['devic
 
 step adherence 120 "
 set -e
-$PY benchmarks/budget_adherence.py --budgets $BUDGETS --index-questions 4 --json $OUT/adherence.json
+$PY -m benchmarks.budget_adherence --budgets $BUDGETS --index-questions 4 --json $OUT/adherence.json
 "
 
 step replay 60 "

@@ -7,11 +7,14 @@ never fail would show here.
 
 from __future__ import annotations
 
+import re
+import tomllib
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
 
-from tests.import_graph import ROOMS, cycles, edges, violations
+from tests.import_graph import ROOMS, cycles, edges, module_names, violations
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,3 +110,117 @@ def test_relative_imports_resolve_against_the_importing_package(tmp_path: Path) 
     assert {(e.importer, e.imported) for e in found} == {("receipts.chain", "receipts.verify"),
                                                          ("receipts.verify", "receipts.chain")}
     assert cycles(found) == [["receipts.chain", "receipts.verify"]]
+
+
+# --- the repository's house: benchmarks, docs and what ships ------------------------------------
+
+#: Rooms installed by the wheel (pyproject.toml's package list) and where code lives.
+PRODUCT_ROOMS = ("app", "retrieval", "generation", "latency_model", "receipts", "foundation", "migrations")
+CODE_ROOMS = (*PRODUCT_ROOMS, "benchmarks", "scripts", "tests", "ragbudget_testing")
+DOCS = (*sorted((REPO / "docs").glob("*.md")), REPO / "README.md")
+
+#: A relative repository path in prose: ``benchmarks/results/x.jsonl``, ``docs/x.md``, ``scripts/x.sh``.
+#: Not preceded by ``:`` (``git show REV:docs/x.jsonl`` names a file of another revision).
+CITED_PATH = re.compile(r"(?<![\w/.:<-])((?:" + "|".join((*CODE_ROOMS, "docs"))
+                        + r")/[\w./-]*\w\.(?:py|md|sh|jsonl|json|png|csv|toml|ini))(?![\w/])")
+#: A bare Markdown file name (``NOTES.md``), found at the root, in docs/ or next to the citing file.
+CITED_MD = re.compile(r"(?<![\w/.-])([A-Za-z_][\w-]*\.md)(?![\w/])")
+LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)")
+
+
+def _heading_anchors(md: Path) -> set[str]:
+    """GitHub's anchors of ``md``'s headings: lower case, punctuation dropped, spaces to ``-``."""
+    seen: dict[str, int] = {}
+    in_code = False
+    for line in md.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        m = None if in_code else re.match(r"#{1,6} (.*)$", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            seen[slug] = seen.get(slug, -1) + 1
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
+def _code_files() -> list[Path]:
+    return [p for room in CODE_ROOMS for p in sorted((REPO / room).rglob("*"))
+            if p.suffix in {".py", ".sh", ".ini", ".toml", ".cfg"} and "__pycache__" not in p.parts]
+
+
+def test_benchmarks_never_edit_the_import_path() -> None:
+    # run as ``python -m benchmarks.NAME`` from the root, a benchmark needs no path of its own
+    offenders = [str(p.relative_to(REPO)) for p in sorted((REPO / "benchmarks").rglob("*.py"))
+                 if "sys.path" in p.read_text(encoding="utf-8")]
+    assert offenders == []
+
+
+def test_docs_hold_no_raw_run_files() -> None:
+    # run files the docs cite live in benchmarks/results/; the rest stay in git history
+    assert sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.jsonl")) == []
+
+
+def test_code_cites_no_design_file_the_repository_lacks() -> None:
+    name = "DESIGN" + ".md"
+    assert not (REPO / name).exists()
+    offenders = [str(p.relative_to(REPO)) for p in _code_files() if name in p.read_text(encoding="utf-8")]
+    assert offenders == []
+
+
+def test_every_path_the_docs_cite_exists() -> None:
+    missing = []
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        missing += [(doc.name, m) for m in CITED_PATH.findall(text) if not (REPO / m).exists()]
+        missing += [(doc.name, m) for m in CITED_MD.findall(text)
+                    if not any((d / m).exists() for d in (REPO, REPO / "docs", doc.parent))]
+        missing += [(doc.name, target) for target, _ in LINK.findall(text)
+                    if target and "://" not in target and not (doc.parent / target).exists()]
+    assert missing == []
+
+
+def test_every_anchor_the_docs_link_to_is_a_heading() -> None:
+    broken = [(doc.name, target, anchor) for doc in DOCS
+              for target, anchor in LINK.findall(doc.read_text(encoding="utf-8"))
+              if anchor and "://" not in target and (doc.parent / target if target else doc).is_file()
+              and anchor not in _heading_anchors(doc.parent / target if target else doc)]
+    assert broken == []
+
+
+def test_shipped_modules_are_not_helpers_only_tests_and_benchmarks_import(project_edges) -> None:
+    # a module of an installed room that only tests, benchmarks or scripts import is test support
+    # shipped in the wheel; it belongs in ragbudget_testing/ (not installed)
+    entry_points = {v.split(":")[0] for v in
+                    tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"].values()}
+    importers: dict[str, set[str]] = {}
+    for e in project_edges:
+        importers.setdefault(e.imported, set()).add(e.importer.split(".")[0])
+    packages = {m for m, path in module_names(REPO).items() if path.name == "__init__.py"}
+    helpers = sorted(m for m, rooms in importers.items()
+                     if m.split(".")[0] in PRODUCT_ROOMS and m not in packages | entry_points
+                     and not rooms & set(PRODUCT_ROOMS))
+    assert helpers == []
+
+
+def test_test_support_package_is_left_out_of_the_wheel() -> None:
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    shipped = {room for room in (*PRODUCT_ROOMS, "ragbudget_testing", "tests", "benchmarks")
+               if any(fnmatch(room, pattern) for pattern in find["include"])}
+    assert shipped == set(PRODUCT_ROOMS)
+
+
+def test_the_doc_checks_catch_a_missing_path_and_a_missing_anchor(tmp_path: Path) -> None:
+    doc = tmp_path / "x.md"
+    doc.write_text("# Latest figure\n\nsee [y](y.md) and [here](#latest-figure), [gone](#old-run)\n")
+    assert CITED_PATH.findall("raw rows `benchmarks/results/load-grid-16.jsonl`; "
+                              "git show abc:docs/load.jsonl") == ["benchmarks/results/load-grid-16.jsonl"]
+    assert [t for t, _ in LINK.findall(doc.read_text()) if t and not (tmp_path / t).exists()] == ["y.md"]
+    assert "latest-figure" in _heading_anchors(doc) and "old-run" not in _heading_anchors(doc)
+
+
+def test_every_run_file_in_benchmarks_results_is_cited_by_the_docs() -> None:
+    # a run file no figure cites is history: git keeps it, the tree does not
+    cited = "\n".join(doc.read_text(encoding="utf-8") for doc in DOCS)
+    uncited = [p.name for p in sorted((REPO / "benchmarks" / "results").iterdir())
+               if f"benchmarks/results/{p.name}" not in cited]
+    assert uncited == []

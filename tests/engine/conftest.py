@@ -36,7 +36,7 @@ DOCS = {
 @pytest.fixture(scope="session")
 def llama_server_python() -> Path:
     from foundation.errors import InvalidConfig
-    from generation.llama_cpp_server import llama_python
+    from ragbudget_testing.llama_server import llama_python
 
     try:
         return llama_python()
@@ -50,7 +50,7 @@ def llama_server_python() -> Path:
 def llama_server(llama_server_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The packaged SmolLM2 GGUF served by llama.cpp on loopback, 2 threads, for the whole session."""
     from generation.assets import packaged_gguf_path
-    from generation.llama_cpp_server import LlamaCppServer
+    from ragbudget_testing.llama_server import LlamaCppServer
 
     log = tmp_path_factory.mktemp("llama") / "server.log"
     with LlamaCppServer(packaged_gguf_path(), log, alias=ALIAS, n_ctx=N_CTX, threads=2,

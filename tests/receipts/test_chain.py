@@ -8,6 +8,7 @@ from sqlalchemy import func, select
 from app.db import open_database
 from foundation.db import read_session
 from foundation.errors import InvalidInput, UnknownReceipt
+from ragbudget_testing.synthetic_receipts import body, candidate
 from receipts.chain import (
     GENESIS,
     append_receipt,
@@ -18,7 +19,6 @@ from receipts.chain import (
 )
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.schema import FORMAT_VERSION
-from receipts.synthetic import body, candidate
 from receipts.verify import verify_chain
 
 

@@ -13,15 +13,15 @@ from app.cli.main import main
 from app.services import Services
 from app.settings import get_settings
 from foundation.db import WriterLock, write_transaction
-from receipts.chain import append_receipt
-from receipts.models import ReceiptRow
-from receipts.synthetic import (
+from ragbudget_testing.synthetic_receipts import (
     FakeRetriever,
     answer_body,
     make_revision_1,
     make_revisions_2_3,
     rebuild_prompt,
 )
+from receipts.chain import append_receipt
+from receipts.models import ReceiptRow
 
 
 @pytest.fixture

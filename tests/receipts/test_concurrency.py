@@ -6,9 +6,9 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from sqlalchemy import select
 
 from foundation.db import read_session
+from ragbudget_testing.synthetic_receipts import body
 from receipts.chain import append_receipt
 from receipts.models import ReceiptRow
-from receipts.synthetic import body
 from receipts.verify import verify_chain
 from tests.receipts.workers import append_many
 

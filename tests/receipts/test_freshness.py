@@ -1,5 +1,5 @@
+from ragbudget_testing.synthetic_receipts import body, candidate, make_revision_1, make_revisions_2_3
 from receipts.freshness import freshness, render_freshness
-from receipts.synthetic import body, candidate, make_revision_1, make_revisions_2_3
 
 
 def _body():

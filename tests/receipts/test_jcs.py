@@ -23,12 +23,12 @@ from app.cli.main import main
 from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import InvalidInput
 from foundation.hashing import MAX_SAFE_INTEGER
+from ragbudget_testing.synthetic_receipts import candidate, sections
 from receipts.canonical import canonical_body, stored_form_problem
 from receipts.chain import append_receipt, get_receipt, receipt_hash
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.replay import check_chain
 from receipts.schema import FORMAT_VERSION, build_receipt_body
-from receipts.synthetic import candidate, sections
 from receipts.verify import verify_chain
 from retrieval.chunking import chunk_id
 from tests.conftest import CASES

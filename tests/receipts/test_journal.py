@@ -16,11 +16,11 @@ from sqlalchemy import select
 from foundation.db import read_session
 from foundation.errors import Conflict, InvalidInput
 from foundation.processes import ProcessIdentity, current_process, process_token
+from ragbudget_testing.synthetic_receipts import body
 from receipts.chain import append_receipt, get_receipt, list_receipts, new_receipt_id
 from receipts.journal import open_entry, pending, recover_interrupted
 from receipts.models import ReceiptRow
 from receipts.replay import check_regenerate
-from receipts.synthetic import body
 from receipts.verify import verify_chain
 
 

@@ -18,10 +18,10 @@ import pytest
 
 from app.db import open_database
 from app.settings import get_settings
+from ragbudget_testing.synthetic_receipts import sections
 from receipts.chain import append_receipt
 from receipts.replay import replay
 from receipts.schema import build_receipt_body
-from receipts.synthetic import sections
 from receipts.verify import verify_chain
 from retrieval.extract import html_to_text
 from tests.conftest import CORPORA

@@ -8,17 +8,17 @@ from sqlalchemy import delete, select, update
 from foundation.db import WriterLock, write_transaction
 from foundation.errors import UnknownReceipt
 from foundation.hashing import sha256_ints
-from receipts.canonical import canonical_body
-from receipts.chain import append_receipt
-from receipts.models import ReceiptDocument, ReceiptRow
-from receipts.replay import replay
-from receipts.synthetic import (
+from ragbudget_testing.synthetic_receipts import (
     FakeRetriever,
     answer_body,
     make_revision_1,
     make_revisions_2_3,
     rebuild_prompt,
 )
+from receipts.canonical import canonical_body
+from receipts.chain import append_receipt
+from receipts.models import ReceiptDocument, ReceiptRow
+from receipts.replay import replay
 from retrieval.models import Chunk, Revision
 
 

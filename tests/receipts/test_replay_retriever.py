@@ -2,10 +2,10 @@
 
 import pytest
 
+from ragbudget_testing.synthetic_receipts import fake_prompt, rebuild_prompt, sections
 from receipts.chain import append_receipt
 from receipts.replay import replay
 from receipts.schema import build_receipt_body
-from receipts.synthetic import fake_prompt, rebuild_prompt, sections
 from retrieval.retriever import Retriever
 from tests.retrieval.corpus import FixtureCorpus
 from tests.retrieval.fakes import HashingEmbedder

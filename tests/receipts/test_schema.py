@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from foundation.errors import InvalidInput
+from ragbudget_testing.synthetic_receipts import body, sections
 from receipts.schema import FORMAT_VERSION, build_receipt_body, cited_candidates
-from receipts.synthetic import body, sections
 
 
 def test_built_body_carries_the_format_version():

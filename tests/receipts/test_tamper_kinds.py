@@ -10,11 +10,11 @@ from sqlalchemy import delete, select, update
 from app.cli.main import main
 from foundation.db import WriterLock, write_transaction
 from foundation.errors import InvalidInput
+from ragbudget_testing.synthetic_receipts import body
 from receipts.canonical import canonical_body
 from receipts.chain import append_receipt, get_receipt_row, receipt_hash
 from receipts.models import ReceiptDocument, ReceiptRow
 from receipts.replay import check_chain
-from receipts.synthetic import body
 from receipts.verify import verify_chain
 
 

@@ -5,10 +5,10 @@ import json
 from sqlalchemy import delete, select, update
 
 from foundation.db import WriterLock, write_transaction
+from ragbudget_testing.synthetic_receipts import body
 from receipts.canonical import canonical_body
 from receipts.chain import append_receipt, receipt_hash
 from receipts.models import ReceiptDocument, ReceiptRow
-from receipts.synthetic import body
 from receipts.verify import verify_chain
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from foundation.db import make_engine
+from ragbudget_testing.synthetic_receipts import body
 from receipts.chain import append_receipt
-from receipts.synthetic import body
 
 
 def append_many(url: str, tag: str, n: int) -> list[str]:

@@ -160,9 +160,9 @@ def test_rest_list_filters_within_budget(world):
 def test_a_failed_receipt_without_plan_or_output_still_renders(world, operator):
     import copy
 
+    from ragbudget_testing.synthetic_receipts import sections
     from receipts.chain import append_receipt
     from receipts.schema import build_receipt_body
-    from receipts.synthetic import sections
 
     s = copy.deepcopy(sections(status="failed"))
     for name in ("plan", "prompt", "generator", "timings", "output", "scaffold", "embedder", "retrieval"):
