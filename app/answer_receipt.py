@@ -110,7 +110,10 @@ class AnswerReceipts:
                                                     receipt_id=rid).id)
             summary.receipt_status = "written"
             return
-        except (InvalidInput, Conflict) as exc:  # spooling would not help
+        except (InvalidInput, Conflict) as exc:
+            if isinstance(exc, Conflict) and not exc.details.get("receipt_id"):
+                return self._spool(summary, body, rid, receipt_id, str(exc))  # contention: later
+            # the body is invalid or its id is taken: spooling would not help
             log.exception("receipt %s refused", rid)
             summary.receipt_id, summary.receipt_status = receipt_id, "failed"
             summary.receipt_error = str(exc)
@@ -118,6 +121,12 @@ class AnswerReceipts:
         except Exception as exc:  # the database is away: spool
             reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines()
                       or [type(exc).__name__])[0][:300]
+        self._spool(summary, body, rid, receipt_id, reason)
+
+    def _spool(self, summary: Answer, body: dict[str, Any], rid: str, reserved: str | None,
+               reason: str) -> None:
+        """Spool ``body`` as ``rid`` for the background drain (see :meth:`deliver`); ``reserved``:
+        the journal row's id (None: no row), reported when the spool fails too."""
         content = content_of(body)
         content["extra"] = {**(content.get("extra") or {}), "delayed_append": {"reason": reason}}
         try:
@@ -125,11 +134,10 @@ class AnswerReceipts:
         except Exception as exc:
             log.error("receipt %s could not be written (%s) nor spooled (%s); the answer's output "
                       "has no receipt", rid, reason, exc)
-            summary.receipt_id, summary.receipt_status = receipt_id, "failed"
+            summary.receipt_id, summary.receipt_status = reserved, "failed"
             summary.receipt_error = (f"the receipt could not be written ({reason}) nor spooled "
                                      f"({exc})" + (f"; the next start records the answer as "
-                                                   f"interrupted under {receipt_id}"
-                                                   if receipt_id else ""))
+                                                   f"interrupted under {reserved}" if reserved else ""))
             return
         log.warning("receipt %s spooled: the database could not take it (%s)", rid, reason)
         summary.receipt_id, summary.receipt_status = rid, "pending"
