@@ -11,6 +11,8 @@ database errors (an outage, a commit whose acknowledgement was lost, a full disk
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -277,3 +279,28 @@ def test_a_written_receipt_says_written(sqlite_app):
     r = client.post("/v1/answer", json=ASK)
     assert r.json()["receipt_status"] == "written" and r.json()["receipt_error"] is None
     assert receipt_rows(services.engine) == [(r.json()["receipt_id"], "ok")]
+
+
+def test_the_start_appends_a_spooled_receipt_before_its_sweep_could_record_it_interrupted(tmp_path):
+    from app.services import Services
+    from foundation.processes import ProcessIdentity, current_process, process_token
+    from receipts.chain import new_receipt_id
+    from receipts.journal import open_entry
+    from receipts.spool import SPOOL_DIRNAME, ReceiptSpool
+    from receipts.synthetic import body
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead = ProcessIdentity(current_process().host, child.pid, process_token(child.pid))
+    child.wait(10)
+    services = Services(get_settings(data_dir=tmp_path / "data", auth_enabled=False,
+                                     database_url=f"sqlite:///{tmp_path / 'db.sqlite'}"))
+    try:
+        rid = new_receipt_id()
+        journal = body(status="interrupted")
+        journal["output"] = None
+        open_entry(services.engine, rid, journal, owner=dead)  # its process is gone: sweepable
+        ReceiptSpool(services.data_dir / SPOOL_DIRNAME).put(rid, body(), "2026-01-02T03:04:05.000006+00:00")
+        assert record_interrupted_answers(services) == 0
+        assert receipt_rows(services.engine) == [(rid, "ok")] and pending(services.engine) == []
+    finally:
+        services.close()
