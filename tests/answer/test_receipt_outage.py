@@ -4,8 +4,9 @@ appended once, with the streamed output, when the database is back (or at the ne
 The PostgreSQL tests stop and start a test-owned cluster (:mod:`tests.pg_cluster`), never the
 shared server, in the middle of a streaming answer: the fake generator
 (:class:`tests.api.fakes.EchoGenerator`) holds after its first token until the test has stopped
-the cluster, then finishes the answer while the database is away. The SQLite tests inject the
-database errors (an outage, a commit whose acknowledgement was lost, a full disk under the spool).
+the cluster, then finishes the answer while the database is away. On SQLite another connection
+holds the database locked through the answer's end; injected faults give a commit whose
+acknowledgement was lost and a full disk under the spool.
 """
 
 from __future__ import annotations
@@ -303,4 +304,40 @@ def test_the_start_appends_a_spooled_receipt_before_its_sweep_could_record_it_in
         assert record_interrupted_answers(services) == 0
         assert receipt_rows(services.engine) == [(rid, "ok")] and pending(services.engine) == []
     finally:
+        services.close()
+
+
+def test_a_sqlite_database_locked_through_the_answers_end_gives_a_pending_receipt_appended_once(
+        tmp_path: Path, profile: Profile) -> None:
+    import sqlite3
+
+    db = tmp_path / "db.sqlite"
+    gen = PausingGenerator(CharTokenizer(), REPLY)
+    settings = get_settings(data_dir=tmp_path / "data", database_url=f"sqlite:///{db}",
+                            auth_enabled=False, sqlite_busy_timeout_ms=20)
+    services = make_services(settings, profile, gen)
+    app = create_app(services=services)
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    try:
+        with serve(app) as base:
+            ingest(base)
+            events: list[tuple[str, str]] = []
+            with httpx.stream("POST", f"{base}/v1/answer", json={**ASK, "stream": True}, timeout=120) as r:
+                for name, data in sse_events(r.iter_lines()):
+                    events.append((name, data))
+                    if name == "token" and not gen.resume.is_set():
+                        holder.execute("BEGIN EXCLUSIVE")  # another writer holds the database
+                        gen.resume.set()
+            final, streamed = final_of(events)
+            assert (final["status"], final["receipt_status"], streamed) == ("ok", "pending", REPLY)
+            holder.execute("ROLLBACK")
+            rid = final["receipt_id"]
+            wait_for(lambda: appended(services.engine, rid), "the spooled receipt to be appended")
+        body = get_receipt(services.engine, rid)
+        assert body["status"] == "ok" and body["output"]["text"] == streamed
+        assert receipt_rows(services.engine) == [(rid, "ok")] and pending(services.engine) == []
+        assert verify_chain(services.engine).ok
+    finally:
+        holder.close()
+        app.state.pipeline.receipts.drainer.stop()
         services.close()
