@@ -61,7 +61,7 @@ class AnswerReceipts:
         if self._drainer is None:
             services = self._pipeline.services
             self._drainer = SpoolDrainer(ReceiptSpool(services.data_dir / SPOOL_DIRNAME),
-                                         services.engine, on_drained=self._drained)
+                                         lambda: services.engine, on_drained=self._drained)
         return self._drainer
 
     def _drained(self, report: DrainReport) -> None:

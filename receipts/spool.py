@@ -261,6 +261,9 @@ def append_spooled(engine: Engine, entry: SpoolEntry) -> tuple[StoredReceipt | N
 class SpoolDrainer:
     """Drains a :class:`ReceiptSpool` into ``engine`` in a background thread, with backoff.
 
+    ``engine``: the engine, or a function returning it (resolved at each pass, so a database
+    that cannot be opened yet is one more failed pass, not an error at construction).
+
     :meth:`kick` starts the thread unless it runs; the thread drains, and while receipts are
     left waits ``first_delay_s``, doubling up to ``max_delay_s`` (defaults 0.5 s and 30 s: a
     restart of seconds is caught within about a second, an outage of minutes is retried twice
@@ -268,7 +271,8 @@ class SpoolDrainer:
     (optional) is called with each pass's :class:`DrainReport`.
     """
 
-    def __init__(self, spool: ReceiptSpool, engine: Engine, *, first_delay_s: float = 0.5,
+    def __init__(self, spool: ReceiptSpool, engine: Engine | Callable[[], Engine], *,
+                 first_delay_s: float = 0.5,
                  max_delay_s: float = 30.0,
                  on_drained: Callable[[DrainReport], None] | None = None) -> None:
         self.spool, self.engine = spool, engine
@@ -306,7 +310,11 @@ class SpoolDrainer:
     def _run(self) -> None:
         delay = self.first_delay_s
         while True:
-            report = self.spool.drain(self.engine)
+            try:
+                engine = self.engine() if callable(self.engine) else self.engine
+                report = self.spool.drain(engine)
+            except Exception as exc:  # the database cannot even be opened yet
+                report = DrainReport(left=len(self.spool.ids()), error=str(exc)[:300] or "error")
             if self.on_drained is not None:
                 try:
                     self.on_drained(report)

@@ -341,3 +341,24 @@ def test_a_sqlite_database_locked_through_the_answers_end_gives_a_pending_receip
         holder.close()
         app.state.pipeline.receipts.drainer.stop()
         services.close()
+
+
+def test_the_app_starts_while_the_database_is_away_and_its_spooled_receipts_wait(tmp_path):
+    from app.services import Services
+    from receipts.chain import new_receipt_id
+    from receipts.spool import SPOOL_DIRNAME, ReceiptSpool
+    from receipts.synthetic import body
+
+    settings = get_settings(data_dir=tmp_path / "data", auth_enabled=False,
+                            database_url=f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none")
+    rid = new_receipt_id()
+    ReceiptSpool(settings.data_dir / SPOOL_DIRNAME).put(rid, body(), "2026-01-02T03:04:05.000006+00:00")
+    services = Services(settings)
+    app = create_app(services=services)
+    drainer = app.state.pipeline.receipts.drainer
+    try:
+        with TestClient(app) as client:
+            assert client.get("/v1/receipts").status_code == 503  # the app runs; the database is away
+            assert drainer.running and drainer.spool.ids() == {rid}  # retried in the background
+    finally:
+        drainer.stop()
