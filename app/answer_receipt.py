@@ -10,6 +10,13 @@ timings from the :class:`app.answer_state.InFlight` clock readings (definitions 
 and records the metrics. Before the first token :meth:`AnswerReceipts.open_journal` writes the
 journal row (:mod:`receipts.journal`) that the receipt's append deletes, so a process killed
 mid-answer still leaves a receipt (``interrupted``) at the next start.
+
+When the append fails because the database is away (an outage, a failover, a dropped
+connection), the finished receipt is spooled durably to the data directory
+(:mod:`receipts.spool`) and appended by a background drain once the database is back, under
+the id the answer was given; the answer's ``receipt_status`` says which happened:
+``written`` (in the chain), ``pending`` (spooled; ``receipt_id`` is the id it will have) or
+``failed`` (neither the chain nor the spool took it: see :meth:`AnswerReceipts.deliver`).
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ from app.answer_types import (
     TokenCounts,
 )
 from app.plan_bands import batch_of
+from foundation.errors import Conflict, InvalidInput
 from foundation.hashing import sha256_ints, sha256_text
-from foundation.provenance import software_versions
+from foundation.provenance import software_versions, utc_now_iso
 from generation.base import GenParams
+from receipts.spool import SPOOL_DIRNAME, DrainReport, ReceiptSpool, SpoolDrainer, content_of
 
 log = logging.getLogger("ragbudget.pipeline")
 
@@ -44,25 +53,97 @@ class AnswerReceipts:
 
     def __init__(self, pipeline: Any) -> None:  # the owning app.pipeline.AnswerPipeline (no import: no cycle)
         self._pipeline = pipeline
+        self._drainer: SpoolDrainer | None = None
+
+    @property
+    def drainer(self) -> SpoolDrainer:
+        """The background drain of this data directory's receipt spool (built on first use)."""
+        if self._drainer is None:
+            services = self._pipeline.services
+            self._drainer = SpoolDrainer(ReceiptSpool(services.data_dir / SPOOL_DIRNAME),
+                                         lambda: services.engine, on_drained=self._drained)
+        return self._drainer
+
+    def _drained(self, report: DrainReport) -> None:
+        self._pipeline.metrics.spool_drained(len(report.appended), report.left)
 
     def finish(self, p: Prepared, params: GenParams, state: InFlight,
                receipt_id: str | None = None) -> Answer:
         """Compute timings, write the receipt, record metrics; return the :class:`Answer`.
 
         ``receipt_id``: the id the answer's journal row reserved (its receipt takes it and
-        the row goes in the same transaction); None: a fresh id.
+        the row goes in the same transaction); None: a fresh id. The receipt is written or
+        spooled as :meth:`deliver` says; ``summary.receipt_status`` tells which.
         """
         summary, out_ids, prefill_ms = self.summary(p, state)
         self._pipeline.bands.learn(p, state.stats, prefill_ms, (state.granted_t, state.last_t))
         try:
             engine_prompt = state.stats.engine_prompt if state.stats is not None else None
-            summary.receipt_id = self.write(p, params, summary, out_ids, engine_prompt,
-                                            receipt_id=receipt_id)
+            body = self.body(p, params, summary, out_ids, engine_prompt)
         except Exception as exc:
-            log.exception("receipt write failed")
-            summary.receipt_error = str(exc)
+            log.exception("the receipt body could not be built")
+            summary.receipt_status, summary.receipt_error = "failed", str(exc)
+        else:
+            self.deliver(summary, body, receipt_id)
         self._pipeline.metrics.observe(summary)
         return summary
+
+    def deliver(self, summary: Answer, body: dict[str, Any], receipt_id: str | None) -> None:
+        """Append ``body`` to the chain as ``receipt_id`` (a fresh id when None) and say on
+        ``summary`` what became of it (``receipt_id``, ``receipt_status``, ``receipt_error``).
+
+        * ``written``: appended (the journal row deleted with it).
+        * ``pending``: the append failed on the database (unreachable, connection dropped,
+          even after its commit) and the receipt is spooled durably under the id it will
+          have (:meth:`receipts.spool.ReceiptSpool.put`; ``extra.delayed_append.reason`` in
+          the receipt records why); the background drain appends it once, with backoff.
+        * ``failed``: the body was refused (invalid, or its id taken), or the spool could not
+          be written either (disk full, read-only). ``receipt_id`` is then the journal row's
+          id, under which the next start records the answer as ``interrupted`` (None when no
+          row was written: no receipt will exist). Logged as an error.
+        """
+        from receipts.chain import append_receipt, new_receipt_id
+
+        rid = receipt_id or new_receipt_id()
+        try:
+            summary.receipt_id = str(append_receipt(self._pipeline.services.engine, body,
+                                                    receipt_id=rid).id)
+            summary.receipt_status = "written"
+            return
+        except (InvalidInput, Conflict) as exc:
+            if isinstance(exc, Conflict) and not exc.details.get("receipt_id"):
+                return self._spool(summary, body, rid, receipt_id, str(exc))  # contention: later
+            # the body is invalid or its id is taken: spooling would not help
+            log.exception("receipt %s refused", rid)
+            summary.receipt_id, summary.receipt_status = receipt_id, "failed"
+            summary.receipt_error = str(exc)
+            return
+        except Exception as exc:  # the database is away: spool
+            reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines()
+                      or [type(exc).__name__])[0][:300]
+        self._spool(summary, body, rid, receipt_id, reason)
+
+    def _spool(self, summary: Answer, body: dict[str, Any], rid: str, reserved: str | None,
+               reason: str) -> None:
+        """Spool ``body`` as ``rid`` for the background drain (see :meth:`deliver`); ``reserved``:
+        the journal row's id (None: no row), reported when the spool fails too."""
+        content = content_of(body)
+        content["extra"] = {**(content.get("extra") or {}), "delayed_append": {"reason": reason}}
+        try:
+            self.drainer.spool.put(rid, content, created_at=utc_now_iso())
+        except Exception as exc:
+            log.error("receipt %s could not be written (%s) nor spooled (%s); the answer's output "
+                      "has no receipt", rid, reason, exc)
+            summary.receipt_id, summary.receipt_status = reserved, "failed"
+            summary.receipt_error = (f"the receipt could not be written ({reason}) nor spooled "
+                                     f"({exc})" + (f"; the next start records the answer as "
+                                                   f"interrupted under {reserved}" if reserved else ""))
+            return
+        log.warning("receipt %s spooled: the database could not take it (%s)", rid, reason)
+        summary.receipt_id, summary.receipt_status = rid, "pending"
+        summary.receipt_error = (f"the database could not take the receipt ({reason}); it is "
+                                 f"spooled and will be appended as {rid}")
+        self.drainer.kick()
 
     def summary(self, p: Prepared, state: InFlight) -> tuple[Answer, list[int], float | None]:
         """The :class:`Answer` for ``state`` as it stands (no side effects), the output token ids
@@ -118,7 +199,7 @@ class AnswerReceipts:
             tokens=TokenCounts(prompt=prompt_tokens, cached=cached_tokens,
                                computed=prompt_tokens - cached_tokens, output=n_out),
             citations=[Citation.of(h) for h in p.retrieval.hits[:k]],
-            receipt_id=None,
+            receipt_id=None, receipt_status="failed",  # until deliver() says otherwise
             finish_reason=_finish_reason(state, p.max_new_tokens, n_out), stop_sequence=state.stop,
         )
         return summary, out_ids, prefill_ms
@@ -143,20 +224,6 @@ class AnswerReceipts:
             log.exception("could not write the answer's journal row; a crash now would lose its receipt")
             return None
         return receipt_id
-
-    def write(self, p: Prepared, params: GenParams, summary: Answer,
-              out_ids: list[int], engine_prompt: dict[str, Any] | None = None, *,
-              receipt_id: str | None = None) -> str:
-        """Append this answer's receipt to the chain (as ``receipt_id`` when its journal row
-        reserved one, deleting the row in the same transaction); return its id.
-
-        ``engine_prompt``: a remote engine's own split of the prompt when it differs from
-        ragbudget's ids (:mod:`generation.remote_text`), recorded under ``extra``.
-        """
-        from receipts.chain import append_receipt
-
-        body = self.body(p, params, summary, out_ids, engine_prompt)
-        return str(append_receipt(self._pipeline.services.engine, body, receipt_id=receipt_id).id)
 
     def body(self, p: Prepared, params: GenParams, summary: Answer, out_ids: list[int],
              engine_prompt: dict[str, Any] | None = None, *,

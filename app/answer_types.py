@@ -128,7 +128,12 @@ class Answer(BaseModel):
     """One answered question: text, the plan's choice, predicted vs measured TTFT, receipt id.
 
     ``within_budget`` is measured ``ttft_ms <= ttft_budget_ms`` (``None`` when no
-    token came). ``receipt_error`` is set only when writing the receipt failed.
+    token came). ``receipt_status`` says what became of the receipt by the time the answer
+    ended: ``written`` (in the chain as ``receipt_id``), ``pending`` (the database could not
+    take it; spooled durably, it is appended as ``receipt_id`` once the database is back, and
+    ``GET /v1/receipts/{receipt_id}`` answers 404 until then) or ``failed`` (neither the chain
+    nor the spool took it; see :meth:`app.answer_receipt.AnswerReceipts.deliver`).
+    ``receipt_error`` says why when it is not ``written``.
     """
 
     status: AnswerStatus
@@ -156,6 +161,9 @@ class Answer(BaseModel):
                                                     "length (max tokens), cancelled or error")
     stop_sequence: str | None = Field(None, description="the stop string that ended the answer")
     receipt_error: str | None = None
+    receipt_status: Literal["written", "pending", "failed"] = Field(
+        "failed", description="written (in the chain), pending (spooled while the database is "
+        "away; appended as receipt_id once it is back) or failed (no receipt with the output)")
 
 
 class PlanRowPublic(BaseModel):

@@ -2,7 +2,8 @@
 
 Histograms of TTFT, TPOT, queue, retrieval, auth, planning and prefill time
 and of the predicted wait (ms); counters of answers by status, budget misses
-(measured TTFT > budget, also by cause), fast rejections, prompt tokens (total,
+(measured TTFT > budget, also by cause), receipts by outcome (written, pending, failed) and
+spooled receipts appended later, fast rejections, prompt tokens (total,
 cached, computed) and output tokens; gauges of the queue depth and of the
 online correction (factor, p95 multiplier, coverage). One registry per
 :class:`AnswerMetrics` so tests and apps stay apart.
@@ -45,6 +46,14 @@ class AnswerMetrics:
         self.prefill = Histogram("ragbudget_prefill_ms", "Model granted to first token (ms)",
                                  buckets=MS_BUCKETS, registry=r)
         self.answers = Counter("ragbudget_answers", "Answers by status", ["status"], registry=r)
+        self.receipts = Counter("ragbudget_answer_receipts", "Answers by what became of their "
+                                "receipt at the answer's end: written, pending (spooled while the "
+                                "database is away) or failed (no receipt with the output)",
+                                ["status"], registry=r)
+        self.spool_appended = Counter("ragbudget_spooled_receipts_appended", "Spooled receipts "
+                                      "appended to the chain once the database was back", registry=r)
+        self.spool_waiting = Gauge("ragbudget_spooled_receipts_waiting", "Spooled receipts left "
+                                   "after the latest drain pass", registry=r)
         self.budget_misses = Counter("ragbudget_budget_misses",
                                      "Answers whose measured TTFT exceeded the budget", registry=r)
         self.tokens = Counter("ragbudget_prompt_tokens", "Prompt tokens by kind (total, cached, computed)",
@@ -75,6 +84,7 @@ class AnswerMetrics:
     def observe(self, answer: Answer) -> None:
         """Record one finished :class:`~app.answer_types.Answer`."""
         self.answers.labels(status=answer.status).inc()
+        self.receipts.labels(status=answer.receipt_status).inc()
         t = answer.timings
         for hist, value in ((self.ttft, t.ttft_ms), (self.tpot, t.tpot_ms),
                             (self.queue, t.queue_ms), (self.retrieval, t.retrieval_ms),
@@ -89,6 +99,11 @@ class AnswerMetrics:
         for kind, count in (("prompt", tok.prompt), ("cached", tok.cached), ("computed", tok.computed)):
             self.tokens.labels(kind=kind).inc(count)
         self.output_tokens.inc(tok.output)
+
+    def spool_drained(self, appended: int, left: int) -> None:
+        """Record one drain pass of the receipt spool: ``appended`` receipts, ``left`` waiting."""
+        self.spool_appended.inc(appended)
+        self.spool_waiting.set(left)
 
     def queue_state(self, depth: int, predicted_wait_ms: float) -> None:
         """Record the queue seen by an arriving answer: depth and predicted wait (ms)."""

@@ -2,7 +2,8 @@
 
 ``receipts`` never imports ``app``; what replay needs from here (rebuilding a
 prompt, regenerating) comes from :func:`replay_hooks` below. Also here: recording the
-answers a killed process left unfinished, at start (:func:`record_interrupted_answers`). While the retriever
+answers a killed process left unfinished, at start (:func:`record_interrupted_answers`), after
+appending the receipts spooled during a database outage (:func:`drain_spool`). While the retriever
 is not given, replay still runs the checks it can and marks the others ``skipped``.
 """
 
@@ -13,15 +14,46 @@ from typing import Any, cast
 from app.services import Services
 from foundation.provenance import software_versions
 from receipts.replay import ReplayReport, replay
+from receipts.spool import SpoolDrainer
 
 
 def _environment() -> dict[str, Any]:
     return {f"software.{k}": v for k, v in software_versions().items()}
 
 
-def record_interrupted_answers(services: Services) -> int:
+def drain_spool(services: Services, drainer: SpoolDrainer | None = None) -> set[str]:
+    """Append the receipts this data directory's spool holds (:mod:`receipts.spool`), once each;
+    return the receipt ids still spooled (the database is still away). With ``drainer`` (the
+    pipeline's), its spool is used and, when receipts are left, its background retry started.
+
+    Never raises: a database that cannot be reached is logged and the files wait.
+    """
+    import logging
+
+    from receipts.spool import SPOOL_DIRNAME, ReceiptSpool
+
+    spool = drainer.spool if drainer is not None else ReceiptSpool(services.data_dir / SPOOL_DIRNAME)
+    log = logging.getLogger("ragbudget")
+    try:
+        report = spool.drain(services.engine)
+        if report.appended or report.already:
+            log.warning("appended %d spooled receipt(s) at start (%d were in the chain already)",
+                        len(report.appended), len(report.already))
+    except Exception:
+        log.exception("could not drain the receipt spool %s", spool.directory)
+    left = spool.ids()
+    if left and drainer is not None:
+        drainer.kick()
+    return left
+
+
+def record_interrupted_answers(services: Services, drainer: SpoolDrainer | None = None) -> int:
     """Record every answer a dead process left without a receipt as ``interrupted``
     (:func:`receipts.journal.recover_interrupted`); return how many. Run when the API starts.
+
+    First the spool is drained (:func:`drain_spool`): an answer whose finished receipt was
+    spooled during a database outage gets that receipt, never an ``interrupted`` one; a
+    journal row whose receipt is still spooled is left to the spool's drain.
 
     Never raises: a database that cannot be reached now is logged, and the journal rows
     wait for the next start (the API's own requests report the database error).
@@ -30,8 +62,9 @@ def record_interrupted_answers(services: Services) -> int:
 
     from receipts.journal import recover_interrupted
 
+    spooled = drain_spool(services, drainer)
     try:
-        return len(recover_interrupted(services.engine))
+        return len(recover_interrupted(services.engine, spooled=spooled))
     except Exception:
         logging.getLogger("ragbudget").exception("could not record interrupted answers at start")
         return 0

@@ -123,10 +123,14 @@ def new_receipt_id() -> str:
 
 
 def append_in_transaction(session: Session, content: dict[str, Any], receipt_id: str, *,
-                          check_id: bool = True) -> dict[str, Any]:
+                          check_id: bool = True, created_at: str | None = None) -> dict[str, Any]:
     """Append ``content`` (a validated body without chain fields) as ``receipt_id`` inside
     ``session``, a write transaction holding ``WriterLock.RECEIPTS``; delete the journal row of
     ``receipt_id``. Returns the full stored body (chain fields and hash included).
+
+    ``created_at``: the receipt's time (ISO-8601 UTC) when it was made before this append (a
+    spooled receipt, :mod:`receipts.spool`; it may be earlier than the head's); None: now,
+    never earlier than the head's.
 
     Raises:
         Conflict: ``check_id`` and a receipt ``receipt_id`` exists already.
@@ -138,7 +142,8 @@ def append_in_transaction(session: Session, content: dict[str, Any], receipt_id:
         .order_by(ReceiptRow.seq.desc()).limit(1)
     ).first()
     seq, prev_hash, head_at = (head[0] + 1, head[1], head[2]) if head else (1, GENESIS, "")
-    full = dict(content, id=receipt_id, seq=seq, created_at=max(utc_now_iso(), head_at),
+    at = created_at if created_at is not None else max(utc_now_iso(), head_at)
+    full = dict(content, id=receipt_id, seq=seq, created_at=at,
                 prev_hash=prev_hash, format_version=FORMAT_VERSION)
     digest = receipt_hash(full)
     full["hash"] = digest

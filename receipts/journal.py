@@ -9,7 +9,9 @@ hash and counts, generator and parameters, timings so far; ``status``
 ``boot id/start time`` token of :mod:`foundation.processes`). The transaction
 that appends the answer's real receipt deletes the row
 (:func:`receipts.chain.append_in_transaction`), so a row outlives its answer
-only when the process died without writing the receipt (SIGKILL, OOM, power).
+only when the process died without writing the receipt (SIGKILL, OOM, power), or
+while the answer's finished receipt waits in the spool for the database
+(:mod:`receipts.spool`), whose drain deletes the row when it appends the receipt.
 
 :func:`recover_interrupted` (run when the API starts) turns every row whose
 process is gone into a receipt with status ``interrupted``, appended to the
@@ -105,7 +107,8 @@ def interrupted_body(stored: dict[str, Any], entry: JournalEntry,
     return body
 
 
-def recover_interrupted(engine: Engine, *, hosts_gone: Collection[str] = ()) -> list[StoredReceipt]:
+def recover_interrupted(engine: Engine, *, hosts_gone: Collection[str] = (),
+                        spooled: Collection[str] = ()) -> list[StoredReceipt]:
     """Append an ``interrupted`` receipt for every journal row whose process is gone.
 
     Gone: a process of this host that no longer runs (:func:`foundation.processes.owner_gone`),
@@ -113,7 +116,9 @@ def recover_interrupted(engine: Engine, *, hosts_gone: Collection[str] = ()) -> 
     ``ragbudget receipts recover --host-gone``). One write transaction per row under
     ``WriterLock.RECEIPTS``: the row is read again under the lock (another process may
     have recovered it meanwhile), its receipt is appended with the row's receipt id and
-    the row deleted, together. A row whose
+    the row deleted, together. A row whose id is in ``spooled`` (the answer ended and its
+    receipt waits in this host's spool, :mod:`receipts.spool`) is left: the spool's drain
+    appends the real receipt and deletes the row. A row whose
     receipt id is already in the chain is only deleted. A row whose body no longer
     validates is logged and left. Returns the receipts appended, in order.
 
@@ -126,6 +131,8 @@ def recover_interrupted(engine: Engine, *, hosts_gone: Collection[str] = ()) -> 
                            "never declared gone", field="hosts_gone")
     appended: list[StoredReceipt] = []
     for entry in pending(engine):
+        if entry.id in spooled:
+            continue
         if entry.host not in hosts_gone and not owner_gone(entry.host, entry.pid, entry.process):
             continue
         try:

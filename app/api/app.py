@@ -61,8 +61,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        await asyncio.to_thread(record_interrupted_answers, services)
+        drainer = _app.state.pipeline.receipts.drainer  # spooled receipts first, then the sweep
+        await asyncio.to_thread(record_interrupted_answers, services, drainer)
         yield
+        drainer.stop()
 
     app = FastAPI(title="ragbudget", version="0.1.0", lifespan=lifespan,
                   description="RAG context-budget advisor with retrieval receipts.")

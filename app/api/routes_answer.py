@@ -91,7 +91,10 @@ async def answer(body: AnswerCreate, request: Request,
 
     Non-streaming: the :class:`~app.answer_types.Answer` with ``text``, ``chosen_k``, ``citations``,
     ``predicted`` (p50/p95 TTFT ms, profile id and source), ``timings``
-    (queue_ms, ttft_ms, tpot_ms, retrieval_ms), ``tokens`` and ``receipt_id``.
+    (queue_ms, ttft_ms, tpot_ms, retrieval_ms), ``tokens``, ``receipt_id`` and ``receipt_status``:
+    ``written`` (in the chain), ``pending`` (the database was away when the answer ended: the
+    receipt is spooled and appended as ``receipt_id`` once it is back; ``receipt_error`` says
+    why) or ``failed`` (no receipt with the output; docs/receipts.md, the receipt spool).
     Streaming (``stream: true``): ``text/event-stream`` of ``token`` events
     (``{"text"}``), then one ``final`` event with the same summary (or an
     ``error`` event when generation failed mid-way), then ``data: [DONE]``.

@@ -163,7 +163,9 @@ def list_(
 
 @router.get("/v1/receipts/{receipt_id}", response_model=ReceiptDetail)
 def get(receipt_id: str, services: Services = Depends(get_services)) -> ReceiptDetail:
-    """One receipt's body and the freshness of its document versions. 404 ``unknown_receipt``."""
+    """One receipt's body and the freshness of its document versions. 404 ``unknown_receipt``
+    (also for an answer's ``pending`` receipt until the spool appends it), 503
+    ``database_unavailable`` while the database is away."""
     from receipts.chain import get_receipt
     from receipts.freshness import freshness
 

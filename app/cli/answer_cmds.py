@@ -60,7 +60,8 @@ def render_summary(s: Answer) -> str:
         f"tokens: prompt {tok.prompt} (cached {tok.cached}, computed {tok.computed}), "
         f"output {tok.output}",
         f"sources: {cites or '(none)'}",
-        f"receipt: {s.receipt_id}",
+        f"receipt: {s.receipt_id}" + ("" if s.receipt_status == "written"
+                                      else f" ({s.receipt_status}: {s.receipt_error})"),
     ])
 
 

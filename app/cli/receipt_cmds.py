@@ -133,11 +133,15 @@ def cmd_replay(args: argparse.Namespace, services: Any) -> int:
 def cmd_recover(args: argparse.Namespace, services: Any) -> int:
     """``ragbudget receipts recover``: append an ``interrupted`` receipt for every started answer
     whose process is gone (:func:`receipts.journal.recover_interrupted`; the API does this at
-    start), and list the journal rows left (answers in flight, rows of other hosts). Returns 0;
+    start) after appending the receipts spooled during a database outage, and list the journal
+    rows left (answers in flight, rows of other hosts). Returns 0;
     naming this host with ``--host-gone`` raises InvalidInput (exit 2)."""
+    from app.receipt_wiring import drain_spool
     from receipts.journal import pending, recover_interrupted
 
-    recorded = recover_interrupted(services.engine, hosts_gone=frozenset(args.host_gone))
+    spooled = drain_spool(services)  # a spooled answer gets its own receipt, never interrupted
+    recorded = recover_interrupted(services.engine, hosts_gone=frozenset(args.host_gone),
+                                   spooled=spooled)
     left = pending(services.engine)
     data = {"recorded": [r.to_dict() for r in recorded],
             "left": [{"id": e.id, "started_at": e.created_at, "host": e.host, "pid": e.pid} for e in left]}
