@@ -113,6 +113,25 @@ class Settings(BaseSettings):
     max_budget_ms: float = 600_000.0
     max_batch_documents: int = 5000
 
+    # --- traces (OpenTelemetry, app.tracing; docs/tracing.md) --------------------------
+    otlp_endpoint: str = Field("", description="OTLP/HTTP (protobuf) traces URL every answer is "
+                               "exported to as one trace, e.g. http://127.0.0.1:6006/v1/traces (Phoenix) "
+                               "or http://127.0.0.1:4318/v1/traces (Jaeger, an OpenTelemetry "
+                               "collector); empty: off, and OpenTelemetry is never imported.")
+    otlp_headers: str = Field("", description="Headers sent with each export, as "
+                              "OTEL_EXPORTER_OTLP_HEADERS writes them: key=value,key2=value2 "
+                              "(Langfuse: Authorization=Basic <base64 public:secret key>).")
+    otlp_service_name: str = Field("ragbudget", min_length=1, description="The traces' service.name "
+                                   "and Phoenix project (openinference.project.name).")
+    otlp_export_text: bool = Field(False, description="Also export the question, the retrieval "
+                                   "query, each candidate chunk's text and the answer text; off: ids, "
+                                   "hashes, scores, token counts and timings only (receipts may hold "
+                                   "sensitive text, and a trace store is read by more people and kept "
+                                   "under other rules than the receipt chain).")
+    public_base_url: str | None = Field(None, description="The console's base URL as operators "
+                                        "reach it (e.g. https://ragbudget.example.com), for the receipt "
+                                        "link on each trace; default http://<host>:<port>.")
+
     # --- server and access -------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = 8000
