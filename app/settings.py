@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -145,6 +145,15 @@ class Settings(BaseSettings):
                                    "after this long without a request (seconds).")
     ui_session_max_s: int = Field(12 * 3600, ge=60, le=30 * 86400, description="A console session "
                                   "ends this long after sign-in, however active (seconds).")
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_url(cls, value: str) -> str:
+        """An OTLP endpoint is an http(s) URL (or empty: tracing off); refused at start otherwise."""
+        value = value.strip()
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError(f"otlp_endpoint must be an http:// or https:// URL, got {value!r}")
+        return value
 
     @property
     def resolved_database_url(self) -> str:

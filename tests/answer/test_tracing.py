@@ -309,6 +309,13 @@ def test_tracing_on_without_opentelemetry_is_a_config_error(tmp_path: Path, prof
         answer_tracer(settings)
 
 
+def test_an_endpoint_that_is_not_an_http_url_is_refused_at_start(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="otlp_endpoint must be an http"):
+        api_settings(tmp_path, otlp_endpoint="127.0.0.1:4318")
+
+
 # --- a real trace backend: Arize Phoenix ---------------------------------------------------
 
 @pytest.fixture(scope="module")
