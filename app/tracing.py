@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("ragbudget.tracing")
 
 AttrValue = str | bool | int | float | list[str]
+
+#: The trace counters of each metrics registry (exported, export failures, build failures).
+_COUNTERS: weakref.WeakKeyDictionary[Any, tuple[Any, Any, Any]] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -211,14 +215,15 @@ class AnswerTracer:
         from prometheus_client import CollectorRegistry, Counter
 
         registry = metrics.registry if metrics is not None else CollectorRegistry()
-        self.exported = Counter("ragbudget_trace_spans_exported", "Answer spans the trace exporter "
-                                "accepted", registry=registry)
-        self.failures = Counter("ragbudget_trace_export_failures", "Answer spans the trace "
-                                "exporter failed to send (logged; the answers were not affected)",
-                                registry=registry)
-        self.build_failures = Counter("ragbudget_trace_build_failures", "Answers whose spans "
-                                      "could not be made (logged; the answers were not affected)",
-                                      registry=registry)
+        if registry not in _COUNTERS:  # one set per registry: tracers sharing metrics share counts
+            _COUNTERS[registry] = (
+                Counter("ragbudget_trace_spans_exported", "Answer spans the trace exporter accepted",
+                        registry=registry),
+                Counter("ragbudget_trace_export_failures", "Answer spans the trace exporter failed "
+                        "to send (logged; the answers were not affected)", registry=registry),
+                Counter("ragbudget_trace_build_failures", "Answers whose spans could not be made "
+                        "(logged; the answers were not affected)", registry=registry))
+        self.exported, self.failures, self.build_failures = _COUNTERS[registry]
         self.settings = settings
         if exporter is None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

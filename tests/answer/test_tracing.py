@@ -31,6 +31,7 @@ from receipts.chain import get_receipt
 from retrieval.chunking import ChunkerConfig
 from retrieval.store import IngestItem, ingest_batch
 from tests.api.conftest import api_settings, make_services
+from tests.api.fakes import CharTokenizer, EchoGenerator
 from tests.latency_model.conftest import FakeTimer, no_cpu_probe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,10 +48,11 @@ def profile() -> Profile:
                      cpu_probe=no_cpu_probe)
 
 
-def fake_services(root: Path, profile: Profile, **overrides: Any) -> Services:
-    """Fake model services on SQLite under ``root`` (auth off) with :data:`DOCS` ingested."""
+def fake_services(root: Path, profile: Profile, generator: Any = None, **overrides: Any) -> Services:
+    """Fake model services on SQLite under ``root`` (auth off) with :data:`DOCS` ingested;
+    ``generator`` default: the fake echo generator."""
     settings = api_settings(root, auth_enabled=False, default_max_new_tokens=6, **overrides)
-    services = make_services(settings, profile)
+    services = make_services(settings, profile, generator)
     ingest_batch(services.engine, [IngestItem(d, text=t) for d, t in DOCS.items()],
                  tokenizer=services.tokenizer,
                  chunker_config=ChunkerConfig(settings.chunk_tokens, settings.chunk_overlap_tokens),
@@ -236,6 +238,37 @@ def test_text_is_exported_when_asked(tmp_path: Path, profile: Profile) -> None:
         services.close()
 
 
+class FailingGenerator(EchoGenerator):
+    """The fake generator, failing after its second token."""
+
+    def stream(self, prompt_ids: list[int], **kw: Any) -> Iterator[Any]:
+        from foundation.errors import BackendError
+
+        for i, ev in enumerate(super().stream(prompt_ids, **kw)):
+            if i == 2:
+                raise BackendError("simulated device fault")
+            yield ev
+
+
+def test_a_failed_answer_marks_its_root_and_generate_spans_as_errors(tmp_path: Path,
+                                                                     profile: Profile) -> None:
+    from opentelemetry.trace import StatusCode
+
+    services = fake_services(tmp_path, profile, FailingGenerator(CharTokenizer()))
+    try:
+        traced = Traced(services, services.settings)
+        answer = traced.pipeline.answer(AnswerRequest(question=QUESTION, ttft_budget_ms=5000))
+        assert answer.status == "failed"
+        spans = traced.spans()
+    finally:
+        services.close()
+    for name in ("answer", "generate"):
+        assert spans[name].status.status_code == StatusCode.ERROR
+        assert "simulated device fault" in (spans[name].status.description or "")
+    assert spans["generate"].attributes["error.type"] == "backend_error"
+    assert spans["answer"].attributes["ragbudget.receipt.id"] == answer.receipt_id
+
+
 class FailingExporter:
     """A span exporter whose every export raises."""
 
@@ -296,6 +329,16 @@ def test_an_exporter_that_hangs_does_not_hold_the_answer(tmp_path: Path, profile
     finally:
         stuck.release.set()
         services.close()
+
+
+def test_two_tracers_on_one_metrics_registry_share_its_counters(tmp_path: Path) -> None:
+    from app.metrics import AnswerMetrics
+    from app.tracing import AnswerTracer
+
+    metrics, settings = AnswerMetrics(), api_settings(tmp_path)
+    first = AnswerTracer(settings, metrics, exporter=FailingExporter())
+    second = AnswerTracer(settings, metrics, exporter=FailingExporter())
+    assert second.failures is first.failures
 
 
 def test_tracing_on_without_opentelemetry_is_a_config_error(tmp_path: Path, profile: Profile,
