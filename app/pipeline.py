@@ -77,6 +77,7 @@ from app.genqueue import Cancelled, GenerationQueue, Ticket
 from app.metrics import AnswerMetrics
 from app.plan_bands import PlanBands
 from app.services import Services
+from app.tracing import answer_tracer
 from app.validation import (
     check_budget,
     check_k,
@@ -118,6 +119,7 @@ class AnswerPipeline:
         # The requests arrived and not yet granted the model (app.arrivals), left room to answer.
         self.arrivals = Arrivals()
         self.receipts = AnswerReceipts(self)  # each answer's summary, receipt and journal row
+        self.tracer = answer_tracer(self.settings, self.metrics)  # None: otlp_endpoint unset
         self._scaffold: Scaffold | None = None
         self._builder: PromptBuilder | None = None
 
@@ -466,6 +468,8 @@ class AnswerPipeline:
                 stats = gen.last_stats
                 state.stats = stats if stats is not before_stats else None
             summary = self.receipts.finish(prepared, params, state, receipt_id)
+            if self.tracer is not None:  # spans queued, sent off the request path (app.tracing)
+                self.tracer.export(prepared, params, summary, gen.identity)
         if state.status == "failed":
             yield AnswerEvent("error", summary=summary)
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -113,6 +113,25 @@ class Settings(BaseSettings):
     max_budget_ms: float = 600_000.0
     max_batch_documents: int = 5000
 
+    # --- traces (OpenTelemetry, app.tracing; docs/tracing.md) --------------------------
+    otlp_endpoint: str = Field("", description="OTLP/HTTP (protobuf) traces URL every answer is "
+                               "exported to as one trace, e.g. http://127.0.0.1:6006/v1/traces (Phoenix) "
+                               "or http://127.0.0.1:4318/v1/traces (Jaeger, an OpenTelemetry "
+                               "collector); empty: off, and OpenTelemetry is never imported.")
+    otlp_headers: str = Field("", description="Headers sent with each export, as "
+                              "OTEL_EXPORTER_OTLP_HEADERS writes them: key=value,key2=value2 "
+                              "(Langfuse: Authorization=Basic <base64 public:secret key>).")
+    otlp_service_name: str = Field("ragbudget", min_length=1, description="The traces' service.name "
+                                   "and Phoenix project (openinference.project.name).")
+    otlp_export_text: bool = Field(False, description="Also export the question, the retrieval "
+                                   "query, each candidate chunk's text and the answer text; off: ids, "
+                                   "hashes, scores, token counts and timings only (receipts may hold "
+                                   "sensitive text, and a trace store is read by more people and kept "
+                                   "under other rules than the receipt chain).")
+    public_base_url: str | None = Field(None, description="The console's base URL as operators "
+                                        "reach it (e.g. https://ragbudget.example.com), for the receipt "
+                                        "link on each trace; default http://<host>:<port>.")
+
     # --- server and access -------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = 8000
@@ -126,6 +145,15 @@ class Settings(BaseSettings):
                                    "after this long without a request (seconds).")
     ui_session_max_s: int = Field(12 * 3600, ge=60, le=30 * 86400, description="A console session "
                                   "ends this long after sign-in, however active (seconds).")
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_url(cls, value: str) -> str:
+        """An OTLP endpoint is an http(s) URL (or empty: tracing off); refused at start otherwise."""
+        value = value.strip()
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError(f"otlp_endpoint must be an http:// or https:// URL, got {value!r}")
+        return value
 
     @property
     def resolved_database_url(self) -> str:

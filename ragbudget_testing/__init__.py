@@ -5,6 +5,8 @@
   without models).
 * :mod:`ragbudget_testing.llama_server`: llama.cpp's OpenAI-compatible server as a
   child process (the engine tests and ``python -m benchmarks.engines``).
+* :mod:`ragbudget_testing.phoenix`: Arize Phoenix's trace server as a child process (the
+  trace export test and ``python -m benchmarks.tracing_overhead``).
 
 ``tests/`` and ``benchmarks/`` import from here; no product room (``app``,
 ``retrieval``, ``generation``, ``latency_model``, ``receipts``, ``foundation``,

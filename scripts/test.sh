@@ -41,6 +41,13 @@ if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
   npm install --prefix .node --no-audit --no-fund --silent canonicalize@2.1.0 >/dev/null 2>&1 \
     || echo "note: npm could not install canonicalize; the Node JCS receipt test will be skipped" >&2
 fi
+# Arize Phoenix (its own venv, .venv-phoenix) for the trace export test (tests/answer/test_tracing.py,
+# marker `tracing`). Installed when missing; once it is there, a trace test that cannot use it fails.
+if log=$(mktemp -t ragbudget-phoenix-install.XXXXXX) && bash scripts/install_phoenix.sh >"$log" 2>&1; then
+  export RAGBUDGET_REQUIRE_PHOENIX=${RAGBUDGET_REQUIRE_PHOENIX:-1}
+else
+  echo "warning: could not install Arize Phoenix (log: $log); the Phoenix trace test will skip" >&2
+fi
 ruff check .
 mypy
 python -m pytest "$@"
