@@ -288,7 +288,7 @@ def test_the_start_appends_a_spooled_receipt_before_its_sweep_could_record_it_in
     from receipts.chain import new_receipt_id
     from receipts.journal import open_entry
     from receipts.spool import SPOOL_DIRNAME, ReceiptSpool
-    from receipts.synthetic import body
+    from ragbudget_testing.synthetic_receipts import body
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     dead = ProcessIdentity(current_process().host, child.pid, process_token(child.pid))
@@ -347,7 +347,7 @@ def test_the_app_starts_while_the_database_is_away_and_its_spooled_receipts_wait
     from app.services import Services
     from receipts.chain import new_receipt_id
     from receipts.spool import SPOOL_DIRNAME, ReceiptSpool
-    from receipts.synthetic import body
+    from ragbudget_testing.synthetic_receipts import body
 
     settings = get_settings(data_dir=tmp_path / "data", auth_enabled=False,
                             database_url=f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none")
