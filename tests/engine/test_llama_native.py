@@ -82,9 +82,11 @@ def test_a_second_answer_runs_beside_the_first_instead_of_queueing(
     engine's second slot is given to it while the first answer is still streaming."""
     from app.answer_state import AnswerRequest
     from app.pipeline import AnswerPipeline
+    from app.profile_store import generator_config, save_profile
     from app.services import Services
     from app.settings import Settings
     from foundation.errors import RagBudgetError
+    from latency_model.roofline import build_prior
 
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -97,12 +99,24 @@ def test_a_second_answer_runs_beside_the_first_instead_of_queueing(
     env.update(remote, RAGBUDGET_DATA_DIR=str(tmp_path / "data"), RAGBUDGET_TORCH_THREADS="1")
     run_cli(env, "ingest", str(docs))
 
-    def answers(max_running: int | None) -> tuple[str, str]:
-        settings = Settings(data_dir=tmp_path / "data", generator_backend="remote",
+    def settings_for(max_running: int | None) -> Settings:
+        return Settings(data_dir=tmp_path / "data", generator_backend="remote",
                             remote_base_url=native.base_url, remote_model=ALIAS,
                             remote_tokenizer=str(smollm_dir), remote_context_window=N_CTX // SLOTS,
                             remote_max_running=max_running, queue_max=0, torch_threads=1)
-        pipeline = AnswerPipeline(Services(settings))
+
+    # This test is about admission, not the budget: a roofline prior stands in for a fitted
+    # profile (calibrating through HTTP takes minutes; test_llama_cpp.py does that).
+    services = Services(settings_for(None))
+    gen = services.generator
+    save_profile(services.engine, services.data_dir,
+                 build_prior({**gen.identity, "weights_hash": "", "dtype": ""},  # as key_of reads them
+                             generator_config(gen), peak_flops=5e10,
+                             bandwidth_bytes_s=1e10, peaks_source="a stand-in for this test",
+                             created_at="2026-12-04T00:00:00Z"))
+
+    def answers(max_running: int | None) -> tuple[str, str]:
+        pipeline = AnswerPipeline(Services(settings_for(max_running)))
         first = pipeline.stream(AnswerRequest("When are check valves tested?", ttft_budget_ms=60000,
                                               max_new_tokens=24))
         event = next(first)
