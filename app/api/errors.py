@@ -28,6 +28,7 @@ from foundation.errors import (
     Conflict,
     Forbidden,
     IntegrityFailure,
+    InvalidConfig,
     InvalidInput,
     NotFound,
     RagBudgetError,
@@ -37,7 +38,10 @@ from foundation.errors import (
     UnsupportedParameter,
 )
 
+# InvalidConfig is the server's own misconfiguration (a 500 the operator fixes), never the
+# caller's 422.
 STATUS: list[tuple[type[RagBudgetError], int]] = [
+    (InvalidConfig, 500),
     (UnsupportedParameter, 400),
     (TooLarge, 413),
     (InvalidInput, 422),
