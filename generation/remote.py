@@ -123,13 +123,13 @@ class RemoteGenerator:
         it the decoded prompt is sent as one user message.
 
         Raises:
-            InvalidInput: empty prompt or ``max_new_tokens < 1``.
+            InvalidInput: empty prompt, or parameters outside their ranges
+                (:meth:`GenParams.validate`, code ``invalid_sampling_parameter``).
             BackendError: HTTP failure, an error chunk, or a stream without ``[DONE]``.
         """
         if not prompt_ids:
             raise InvalidInput("the prompt is empty")
-        if params.max_new_tokens < 1:
-            raise InvalidInput("max_new_tokens must be >= 1")
+        params.validate()
         if cached_prefix_ids and list(prompt_ids[:len(cached_prefix_ids)]) == list(cached_prefix_ids):
             self._remember_prefix(list(cached_prefix_ids))
         return self._run(list(prompt_ids), params.resolved(), cancel, messages)
@@ -287,8 +287,15 @@ class RemoteGenerator:
         if not params.greedy:
             body["top_p"] = params.top_p
             body["seed"] = params.seed
-        if self.eos_token_ids:
+        # vLLM's request extensions (SGLang and llama.cpp's server read the same names), sent
+        # only when set so a plain OpenAI server never sees them. With ignore_eos the end-of-turn
+        # ids are not sent as stop ids either: vLLM would still stop at those.
+        if params.ignore_eos:
+            body["ignore_eos"] = True
+        elif self.eos_token_ids:
             body["stop_token_ids"] = list(self.eos_token_ids)
+        if params.min_tokens:
+            body["min_tokens"] = params.min_tokens
         if mode in ("completions", "text"):
             body["prompt"] = prompt_ids if mode == "completions" else self._text.text_for(prompt_ids)
             return f"{self.base_url}/completions", body

@@ -74,9 +74,15 @@ class ChatChoice(BaseModel):
 
 
 class RagbudgetExtra(BaseModel):
-    """ragbudget's own fields on an OpenAI response: receipt id, plan choice, prediction, timings."""
+    """ragbudget's own fields on an OpenAI response: receipt id, plan choice, prediction, timings.
+
+    ``receipt_status`` (``written``, ``pending`` or ``failed``) and ``receipt_error`` say what
+    became of the receipt, as on ``POST /v1/answer`` (:class:`app.answer_types.Answer`).
+    """
 
     receipt_id: str | None
+    receipt_status: Literal["written", "pending", "failed"]
+    receipt_error: str | None = None
     chosen_k: int
     binding: str
     predicted: PredictedTTFT
