@@ -157,6 +157,9 @@ class ErrorCode(StrEnum):
                               "`max_new_tokens` is outside [1, `max_new_tokens_limit`]")
     INVALID_ON_BUDGET_MISS = ("invalid_on_budget_miss", InvalidInput, 422, False,
                               "`on_budget_miss` is neither `answer` nor `reject`")
+    INVALID_SAMPLING_PARAMETER = ("invalid_sampling_parameter", InvalidInput, 422, False,
+                                  "a sampling parameter out of its range or of the wrong type "
+                                  "(`details.param`, `details.value`)")
     INVALID_STOP = ("invalid_stop", InvalidInput, 422, False,
                     "a stop sequence that is empty, not a string or too long, or too many of them")
     INVALID_REQUEST = ("invalid_request", InvalidInput, 422, False,
@@ -212,6 +215,9 @@ class ErrorCode(StrEnum):
     PROMPT_MISMATCH = ("prompt_mismatch", BackendError, 500, False,
                        "the remote engine's tokenizer does not read the prompt's special tokens as "
                        "ragbudget does; the prompt is never sent")
+    SAMPLING_FAILED = ("sampling_failed", BackendError, 500, False,
+                       "the model's logits for one answer cannot be sampled (non-finite, or every "
+                       "token masked); that answer fails, the others in its batch go on")
     DATABASE_ERROR = ("database_error", RagBudgetError, 500, False,
                       "any other database error (`details.driver_message`)")
     INTERNAL_ERROR = ("internal_error", RagBudgetError, 500, False,

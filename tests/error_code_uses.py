@@ -19,7 +19,9 @@ In each form the value may be a literal, a module-level string constant of the s
 module (``BAD_HTTP_REQUEST = "bad_http_request"``), ``getattr(exc, "code", "...")`` (the
 default is the code), ``ErrorCode.NAME`` (the member's code: its name in lower case),
 ``str(...)`` of one of these, or ``a or b`` / ``a if c else b`` (each literal branch is a
-use). ``ErrorCode.NAME`` anywhere else counts as a use of that member too.
+use). ``ErrorCode.NAME`` anywhere else counts as a use of that member too. An error class
+defined outside ``foundation.errors`` (``class SamplingFailed(BackendError)``) counts as
+its nearest ``foundation.errors`` ancestor.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ STATUS_ARGUMENT = {"openai_error": 0, "respond": 1}
 class CodeUse:
     """One error code named at ``path:line`` (``path`` relative to the repository root).
 
-    ``form`` says how (for the failure message); ``raised_as`` is the error class the
-    code is given to when the site is a call to a ``foundation.errors`` class (or a dict
-    mapping the code to one), else None; ``status`` is the HTTP status written beside
+    ``form`` says how (for the failure message); ``raised_as`` names the error class the
+    code is given to when the site defines or calls an error class (or a dict maps the code
+    to one), as its nearest ``foundation.errors`` class (:func:`error_classes`: the one
+    whose status ``app.api.errors`` answers), else None; ``status`` is the HTTP status written beside
     the code at the site (``respond(req, 422, "invalid_request")``, ``_HTTP_CODES``), else None.
     """
 
@@ -76,9 +79,9 @@ def _int(node: ast.expr | None) -> int | None:
 class _Walker(ast.NodeVisitor):
     """Collects the uses of one module (see the module docstring for the forms)."""
 
-    def __init__(self, path: str, tree: ast.Module, error_classes: frozenset[str]) -> None:
+    def __init__(self, path: str, tree: ast.Module, error_classes: dict[str, str]) -> None:
         self.path = path
-        self.error_classes = error_classes
+        self.error_classes = error_classes  # class name -> its nearest foundation.errors class
         self.uses: list[CodeUse] = []
         self.members: list[tuple[str, str, int]] = []  # (ErrorCode member name, path, line)
         self.constants: dict[str, str] = {}
@@ -120,13 +123,13 @@ class _Walker(ast.NodeVisitor):
                       else stmt.target if isinstance(stmt, ast.AnnAssign) else None)
             if isinstance(target, ast.Name) and target.id == "code":
                 assert isinstance(stmt, ast.Assign | ast.AnnAssign)
-                raised_as = node.name if node.name in self.error_classes else None
-                self.add(stmt.value, stmt.lineno, f"class {node.name}: code = ...", raised_as)
+                self.add(stmt.value, stmt.lineno, f"class {node.name}: code = ...",
+                         self.error_classes.get(node.name))
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
         func = _name(node.func)
-        raised_as = func if func in self.error_classes else None
+        raised_as = self.error_classes.get(func or "")
         for kw in node.keywords:
             if kw.arg == "code":
                 self.add(kw.value, kw.value.lineno, f"{func or 'call'}(..., code=...)", raised_as)
@@ -151,7 +154,7 @@ class _Walker(ast.NodeVisitor):
             elif (isinstance(key, ast.Constant) and isinstance(key.value, str)
                   and isinstance(value, ast.Name) and value.id in self.error_classes):
                 self.add(key, key.lineno, f"{{code: {value.id}}} (a code mapped to its class)",
-                         raised_as=value.id)
+                         raised_as=self.error_classes[value.id])
         self.generic_visit(node)
 
     def visit_Assign(self, node: ast.Assign) -> None:
@@ -174,18 +177,31 @@ class _Walker(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def _error_classes() -> frozenset[str]:
-    """Names of the ``RagBudgetError`` classes (``foundation.errors``)."""
+def error_classes(trees: list[ast.Module]) -> dict[str, str]:
+    """Every error class by name -> its nearest :mod:`foundation.errors` class (the one whose
+    status ``app.api.errors`` answers): that module's classes map to themselves; a class of
+    ``trees`` deriving from one (``class SamplingFailed(BackendError)``) maps to its ancestor."""
     import foundation.errors as errors
 
-    return frozenset(name for name, obj in vars(errors).items()
-                     if isinstance(obj, type) and issubclass(obj, errors.RagBudgetError))
+    found = {name: name for name, obj in vars(errors).items()
+             if isinstance(obj, type) and issubclass(obj, errors.RagBudgetError)}
+    bases = {node.name: [b for b in map(_name, node.bases) if b] for tree in trees
+             for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name not in found}
+    grew = True
+    while grew:
+        grew = False
+        for name, names in bases.items():
+            ancestor = next((found[b] for b in names if b in found), None)
+            if name not in found and ancestor is not None:
+                found[name] = ancestor
+                grew = True
+    return found
 
 
 def module_uses(source: str, path: str) -> tuple[list[CodeUse], list[tuple[str, str, int]]]:
     """The code uses in one module's ``source``, and its ``ErrorCode.NAME`` references."""
     tree = ast.parse(source, filename=path)
-    walker = _Walker(path, tree, _error_classes())
+    walker = _Walker(path, tree, error_classes([tree]))
     walker.visit(tree)
     return walker.uses, walker.members
 
@@ -193,11 +209,14 @@ def module_uses(source: str, path: str) -> tuple[list[CodeUse], list[tuple[str, 
 def code_uses(root: Path = ROOT) -> tuple[list[CodeUse], list[tuple[str, str, int]]]:
     """Every code use in the rooms (sorted by path and line), and every ``ErrorCode.NAME``
     reference as ``(member name, path, line)``."""
+    paths = [path for room in ROOMS for path in sorted((root / room).rglob("*.py"))]
+    trees = [ast.parse(path.read_text(encoding="utf-8"), filename=str(path)) for path in paths]
+    classes = error_classes(trees)
     uses: list[CodeUse] = []
     members: list[tuple[str, str, int]] = []
-    for room in ROOMS:
-        for path in sorted((root / room).rglob("*.py")):
-            found, refs = module_uses(path.read_text(encoding="utf-8"), str(path.relative_to(root)))
-            uses += found
-            members += refs
+    for path, tree in zip(paths, trees, strict=True):
+        walker = _Walker(str(path.relative_to(root)), tree, classes)
+        walker.visit(tree)
+        uses += walker.uses
+        members += walker.members
     return sorted(uses, key=lambda u: (u.path, u.line, u.code)), members

@@ -151,7 +151,7 @@ def f(exc, req, refused, p):
                           "get_default", "refused_code", "conflict"}
     assert found["route_missing"].status == 404 and found["responded"].status == 500
     assert found["conflict"].status == 409
-    assert found["mapped_key"].raised_as == "TooLarge" and found["own_code"].raised_as is None
+    assert found["mapped_key"].raised_as == "TooLarge" and found["own_code"].raised_as == "RagBudgetError"
     assert refs == [("CONFLICT", "app/forms.py", 18), ("BUSY", "app/forms.py", 19)]
 
 
