@@ -183,8 +183,9 @@ class AnswerPipeline:
         picks is provisional (:meth:`bind` picks again when the model is free).
 
         Raises:
-            InvalidInput: empty/over-long question, bad budget, k_max, max_new_tokens or
-                on_budget_miss.
+            InvalidInput: empty/over-long question, bad budget, k_max, max_new_tokens,
+                on_budget_miss, or sampling parameters outside their ranges
+                (``invalid_sampling_parameter``, :meth:`GenParams.validate`).
             UnknownRevision: ``req.revision`` does not exist.
         """
         arrival_t = arrival_t if arrival_t is not None else time.perf_counter()
@@ -192,6 +193,7 @@ class AnswerPipeline:
         question = check_question(s, req.question)
         budget = check_budget(s, req.ttft_budget_ms)
         max_new = check_max_new_tokens(s, req.max_new_tokens)
+        self.gen_params(req, max_new)  # refused here, before retrieval and before the queue
         k_cap = check_k(s, req.k_max, s.retrieval_candidates)
         check_on_budget_miss(req.on_budget_miss)
         check_roles(req.history)
@@ -281,6 +283,16 @@ class AnswerPipeline:
         row = p.plan.rows[k]
         return Ticket(prefill_ms=row.ttft_p50_ms, tpot_ms=p.profile.predict_tpot_ms(row.prompt_tokens),
                       max_new_tokens=p.max_new_tokens)
+
+    @staticmethod
+    def gen_params(req: AnswerRequest, max_new_tokens: int) -> GenParams:
+        """The decoding parameters of ``req`` with its resolved ``max_new_tokens``, checked.
+
+        Raises:
+            InvalidInput: ``invalid_sampling_parameter`` (:meth:`GenParams.validate`).
+        """
+        return GenParams(max_new_tokens=max_new_tokens, temperature=req.temperature,
+                         top_p=req.top_p, seed=req.seed).validate()
 
     def _arrive(self, req: AnswerRequest, arrival_t: float) -> int | None:
         """Count ``req`` as arrived (:meth:`Arrivals.arrive`) with its budget and decode length;
@@ -374,8 +386,7 @@ class AnswerPipeline:
         # many it runs at once; any other runs one at a time.
         self.queue.slots = max(1, int(getattr(gen, "max_running", 1) or 1))
         # resolved(): a sampling request without a seed gets one drawn now, so it is recorded.
-        params = GenParams(max_new_tokens=prepared.max_new_tokens, temperature=req.temperature,
-                           top_p=req.top_p, seed=req.seed).resolved()
+        params = self.gen_params(req, prepared.max_new_tokens).resolved()
         state = InFlight()
         # Stop strings are cut here, on the decoded text of whatever backend streams it, and
         # the same way in replay (app.receipt_wiring): one place, generation.stopping.

@@ -11,8 +11,10 @@ and a subnormal ``T`` rounds to 0 in float32): the scaled row's maximum is then 
 and the softmax NaN. Such a row is computed instead as ``softmax((logits - max) / T)`` in
 float64, the same distribution written so that no term overflows (vLLM clamps
 ``0 < T < 0.01`` up to 0.01 for the same reason; here every ``T`` the API accepts keeps
-its meaning). Rows whose scaled maximum is finite are computed exactly as before, so a
-seeded answer recorded by an earlier version regenerates the same tokens.
+its meaning). Likewise the nucleus always keeps the most likely token, also for a ``top_p``
+below float32's smallest value (which compares as 0). Rows whose scaled maximum is finite are
+computed exactly as before, so a seeded answer recorded by an earlier version regenerates
+the same tokens.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def select_token(logits: Any, params: GenParams, rng: Any) -> int:
     if params.top_p < 1.0:
         sorted_p, order = torch.sort(probs, descending=True)  # (vocab,), (vocab,)
         keep = (torch.cumsum(sorted_p, dim=-1) - sorted_p) < params.top_p  # (vocab,) bool
+        keep[0] = True  # the most likely token always stays (a top_p below float32's range is 0)
         sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
         probs = sorted_p / sorted_p.sum()
     if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0.0:
