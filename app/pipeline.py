@@ -85,7 +85,7 @@ from app.validation import (
     check_on_budget_miss,
     check_question,
 )
-from foundation.errors import BudgetUnreachable, TooLarge
+from foundation.errors import BudgetUnreachable, ContextLengthExceeded
 from generation.base import ON_SUBMIT, PREFILL_ORDER, GenerationStats, GenParams, TokenEvent
 from generation.stopping import StopMatcher
 from latency_model.planner import Plan, PrefillBand
@@ -185,6 +185,8 @@ class AnswerPipeline:
         Raises:
             InvalidInput: empty/over-long question, bad budget, k_max, max_new_tokens or
                 on_budget_miss.
+            ContextLengthExceeded: the prompt without a chunk fills the context window, or
+                ``max_new_tokens`` asked for does not fit beside it (:meth:`_fit_window`).
             UnknownRevision: ``req.revision`` does not exist.
         """
         arrival_t = arrival_t if arrival_t is not None else time.perf_counter()
@@ -202,10 +204,8 @@ class AnswerPipeline:
         scaffold, builder = self.scaffold_and_builder()
         gen = self.services.generator
         full = builder.build(scaffold.text, self.prompt_chunks(result.hits), question, req.history)
-        if full.prompt_tokens_for(0) >= gen.context_window:
-            raise TooLarge(f"the conversation and question take {full.prompt_tokens_for(0)} prompt tokens; "
-                           f"the context window is {gen.context_window}", code="context_length_exceeded",
-                           prompt_tokens=full.prompt_tokens_for(0), context_window=gen.context_window)
+        max_new = self._fit_window(full.prompt_tokens_for(0), max_new, req.max_new_tokens is None,
+                                   int(gen.context_window))
         cached = bool(gen.prefix_cached(full.scaffold_ids))
         profile = self.profile()
         planner_profile, correction = self.bands.planner_profile(profile)
@@ -229,6 +229,33 @@ class AnswerPipeline:
             predicted_wait_ms=wait_ms, queue_depth=depth, planner_profile=planner_profile,
             correction=correction,
         )
+
+    @staticmethod
+    def _fit_window(prompt_tokens: int, max_new: int, defaulted: bool, window: int) -> int:
+        """The output tokens an answer may take beside its prompt without a retrieved chunk.
+
+        ``prompt_tokens``: scaffold, conversation, question and chat framing (k = 0);
+        ``max_new``: the output tokens asked for, or the server's default when ``defaulted``
+        (then cut to what the window leaves, as vLLM does when ``max_tokens`` is absent);
+        ``window``: the model's context window. Returns ``max_new``, cut when defaulted.
+
+        Raises:
+            ContextLengthExceeded: the prompt alone fills the window (``field`` ``question``),
+                or ``max_new`` asked for does not fit beside it (``field`` ``max_new_tokens``):
+                refused before the request queues, never cut short after its first token.
+        """
+        fits = window - prompt_tokens
+        if fits >= max_new:
+            return max_new
+        if fits >= 1 and defaulted:
+            return fits
+        field = "question" if fits < 1 else "max_new_tokens"
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {window} tokens. However, you requested "
+            f"{prompt_tokens + max_new} tokens ({prompt_tokens} in the prompt, {max_new} for the "
+            f"output). Please reduce the length of the "
+            f"{'messages' if field == 'question' else 'output (max tokens)'}.",
+            field=field, prompt_tokens=prompt_tokens, max_new_tokens=max_new, context_window=window)
 
     def _plan(self, full: Prompt, cached: bool, budget: float, max_new: int,
               profile: PrefillBand, overhead_ms: float) -> Plan:

@@ -13,7 +13,8 @@ never here::
     │   ├── UnsupportedType             unsupported_type
     │   ├── TooLarge                    too_large
     │   ├── InvalidDocumentId           invalid_document_id
-    │   └── InvalidConfig               invalid_config
+    │   ├── InvalidConfig               invalid_config
+    │   └── ContextLengthExceeded       context_length_exceeded (prompt + max tokens over the window)
     ├── NotFound                        not_found
     │   ├── UnknownModel                model_not_found
     │   ├── UnknownDocument             unknown_document
@@ -109,6 +110,18 @@ class InvalidConfig(InvalidInput):
     """Settings or options that cannot work together (e.g. a chunk overlap not below the window)."""
 
     code = "invalid_config"
+
+
+class ContextLengthExceeded(InvalidInput):
+    """The prompt, or the prompt with the output tokens asked for, does not fit the model's
+    context window; refused before the request queues and before any token.
+
+    ``details``: ``field`` (``question``: the prompt alone fills the window; ``max_new_tokens``:
+    the output tokens asked for do not fit beside it), ``prompt_tokens``, ``max_new_tokens``,
+    ``context_window``.
+    """
+
+    code = "context_length_exceeded"
 
 
 class NotFound(RagBudgetError):
