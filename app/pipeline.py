@@ -330,7 +330,10 @@ class AnswerPipeline:
         Raises:
             BudgetUnreachable: 503 with the predicted TTFT and a Retry-After (the queue's
                 :meth:`GenerationQueue.retry_after_ms`: its predicted wait, or with a free place
-                the time until a running answer ends; at least 1 s).
+                the time until a running answer ends; at least 1 s); ``retryable`` False when
+                no retry can help: the time spent before any wait (``timings_ms["overhead_ms"]``)
+                plus k = 0's prefill p50 on an idle engine (:meth:`PlanBands.alone`) is over the
+                budget too.
         """
         row = p.plan.rows[0]
         predicted = spent_ms + wait_ms + row.ttft_p50_ms
@@ -338,10 +341,17 @@ class AnswerPipeline:
             return
         self.metrics.rejections.labels(where=where).inc()
         retry_s = max(1.0, self.queue.retry_after_ms() / 1000.0)
+        scaffold = int(p.full_prompt.scaffold_len)
+        idle_p50 = float(self.bands.alone(p.profile).predict_ttft_many(
+            [row.prompt_tokens], [row.cached_tokens], [scaffold])[0][0])
+        idle_ms = p.timings_ms.get("overhead_ms", 0.0) + idle_p50
         raise BudgetUnreachable(
             f"even k=0 is predicted to take {predicted:.0f} ms to the first token (p50), over the "
-            f"{p.budget_ms:.0f} ms budget", retry_after_s=retry_s, predicted_ttft_ms=predicted,
-            budget_ms=p.budget_ms, predicted_wait_ms=wait_ms, where=where)
+            f"{p.budget_ms:.0f} ms budget" + ("" if idle_ms <= p.budget_ms else
+                                              f"; {idle_ms:.0f} ms with the model idle: a retry "
+                                              "cannot make it"),
+            retry_after_s=retry_s, predicted_ttft_ms=predicted, retryable=idle_ms <= p.budget_ms,
+            idle_ttft_ms=idle_ms, budget_ms=p.budget_ms, predicted_wait_ms=wait_ms, where=where)
 
     def advise(self, req: AnswerRequest, arrival_t: float | None = None,
                auth_ms: float | None = None) -> Advice:

@@ -186,17 +186,20 @@ class BudgetUnreachable(RagBudgetError):
     """Even ``k = 0`` cannot make the request's TTFT budget and it asked to be refused.
 
     ``predicted_ttft_ms``: the TTFT ``k = 0`` would have (time spent + predicted wait +
-    predicted prefill p50); ``retry_after_s``: when the model is predicted to be free.
+    predicted prefill p50); ``retry_after_s``: when the model is predicted to be free;
+    ``retryable``: False when no retry can help (k = 0 alone, on an idle model, is predicted over
+    the budget), so the edge invites none.
     """
 
     code = "budget_unreachable"
 
     def __init__(self, message: str, *, retry_after_s: float = 1.0, predicted_ttft_ms: float,
-                 **details: Any) -> None:
+                 retryable: bool = True, **details: Any) -> None:
         super().__init__(message, retry_after_s=retry_after_s, predicted_ttft_ms=predicted_ttft_ms,
-                         **details)
+                         retryable=retryable, **details)
         self.retry_after_s = retry_after_s
         self.predicted_ttft_ms = predicted_ttft_ms
+        self.retryable = retryable
 
 
 class AuthError(RagBudgetError):
