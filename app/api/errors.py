@@ -7,6 +7,12 @@ them: the same object also carries ``type`` (``invalid_request_error``, ...)
 and ``param`` (the offending field, e.g. ``"n"`` or ``"messages[1].role"``, or
 null), and a request error is 400 there, as OpenAI answers it, where the other
 routes answer 422.
+
+Retries: a 429 ``busy`` and a 503 ``budget_unreachable`` that waiting can help carry
+``Retry-After`` (the server's predicted wait, rounded up to whole seconds, at least 1) and
+``x-should-retry: true``; a ``budget_unreachable`` no retry can help (k = 0 alone is over the
+budget with the model idle) carries ``x-should-retry: false`` and no ``Retry-After``
+(``x-should-retry`` is the header the openai client obeys before its own rules; docs/clients.md).
 """
 
 from __future__ import annotations
@@ -163,8 +169,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RagBudgetError)
     async def _ragbudget_error(req: Request, exc: RagBudgetError) -> JSONResponse:
         headers = {}
-        if isinstance(exc, Busy | BudgetUnreachable):
+        if isinstance(exc, BudgetUnreachable) and not exc.retryable:
+            headers["x-should-retry"] = "false"  # no wait helps: no Retry-After, no retry invited
+        elif isinstance(exc, Busy | BudgetUnreachable):
             headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+            headers["x-should-retry"] = "true"
         if isinstance(exc, Unauthenticated):
             headers["WWW-Authenticate"] = "Bearer"
         return respond(req, status_for(exc), exc.code, exc.message, exc.details, headers)
