@@ -166,10 +166,12 @@ class AnswerPipeline:
 
     @staticmethod
     def prompt_chunks(hits: list[Hit]) -> list[PromptChunk]:
-        """Prompt chunks (document id, version, text) for retrieval hits, in rank order."""
-        from app.prompt import PromptChunk
+        """The prompt slots of retrieval hits (:func:`app.slots.prompt_slots`), in slot order: one
+        :class:`PromptChunk` per distinct chunk text, citing every hit that has it. A prompt of k
+        slots is the first k of the slots of *all* the candidates, never the slots of ``hits[:k]``."""
+        from app.slots import prompt_slots
 
-        return [PromptChunk(document_id=h.document_id, version=h.version, text=h.text) for h in hits]
+        return prompt_slots(hits)
 
     # --- advise ------------------------------------------------------------------
     def prepare(self, req: AnswerRequest, arrival_t: float | None = None,
@@ -217,7 +219,7 @@ class AnswerPipeline:
         plan = self._plan(full, cached, budget, max_new, planner_profile,
                           overhead_ms + (wait_ms if self.late_binding else 0.0))
         k = plan.chosen_k if plan.chosen_k is not None else 0
-        prompt = builder.build(scaffold.text, self.prompt_chunks(result.hits[:k]), question, req.history)
+        prompt = builder.build(scaffold.text, self.prompt_chunks(result.hits)[:k], question, req.history)
         t2 = time.perf_counter()
         if question != req.question:
             req = replace(req, question=question)
@@ -296,7 +298,7 @@ class AnswerPipeline:
         if k != (p.plan.chosen_k or 0):
             _, builder = self.scaffold_and_builder()
             r = p.request
-            prompt = builder.build(p.scaffold.text, self.prompt_chunks(p.retrieval.hits[:k]),
+            prompt = builder.build(p.scaffold.text, self.prompt_chunks(p.retrieval.hits)[:k],
                                    r.question, r.history)
         timings = dict(p.timings_ms)
         timings["planning_ms"] = timings.get("planning_ms", 0.0) + (time.perf_counter() - t0) * 1000.0
@@ -379,7 +381,7 @@ class AnswerPipeline:
             question=p.request.question, ttft_budget_ms=p.budget_ms,
             revision=p.retrieval.revision, plan=PlanPublic.of(p.plan),
             profile=ProfileRef(id=p.profile.id, source=p.profile.source),
-            candidates=[Citation.of(h) for h in p.retrieval.hits],
+            candidates=Citation.of_hits(p.retrieval.hits),
             prompt_tokens=p.prompt.prompt_tokens, scaffold_cached=p.scaffold_cached,
             timings=AdviceTimings(**p.timings_ms),
             predicted_wait_ms=p.predicted_wait_ms, queue_depth=p.queue_depth,
