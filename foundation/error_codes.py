@@ -38,6 +38,7 @@ from foundation.errors import (
     AuthError,
     BackendError,
     BudgetUnreachable,
+    ContextLengthExceeded,
     Busy,
     Conflict,
     EmptyContent,
@@ -171,8 +172,10 @@ class ErrorCode(StrEnum):
                              "the last chat message is not the user's question")
     UNSUPPORTED_ROLE = ("unsupported_role", InvalidInput, 422, False,
                         "a conversation turn whose role is not system, developer, user or assistant")
-    CONTEXT_LENGTH_EXCEEDED = ("context_length_exceeded", TooLarge, 413, False,
-                               "the conversation and question alone fill the model's context window")
+    CONTEXT_LENGTH_EXCEEDED = ("context_length_exceeded", ContextLengthExceeded, 422, False,
+                               "the prompt, or the prompt with the output tokens asked for, does not "
+                               "fit the model's context window; refused before queueing (400 in "
+                               "OpenAI's shape on the OpenAI routes)")
     TOO_MANY_DOCUMENTS = ("too_many_documents", TooLarge, 413, False,
                           "more documents in one ingest batch than the limit (`details.limit`)")
     INVALID_VALUE = ("invalid_value", InvalidInput, 422, False,
@@ -209,6 +212,9 @@ class ErrorCode(StrEnum):
     NO_CHAT_TEMPLATE = ("no_chat_template", InvalidConfig, 500, False,
                         "the model has no chat template and none is configured, or the configured "
                         "file cannot be used (`RAGBUDGET_CHAT_TEMPLATE`)")
+    CHAT_TEMPLATE_NO_ASSISTANT_TURN = ("chat_template_no_assistant_turn", InvalidConfig, 500, False,
+                                       "the chat template cannot open an assistant turn (no "
+                                       "generation prompt): refused at start, never served empty")
     CHAT_TEMPLATE_MISMATCH = ("chat_template_mismatch", InvalidConfig, 500, False,
                               "the chat template uses a marker that is not a special token of the "
                               "model's tokenizer (`details.marker`)")
@@ -242,6 +248,21 @@ class ErrorCode(StrEnum):
     SYMLINK_OUTSIDE = ("symlink_outside", None, None, False,
                        "an ingest item refused: a symbolic link out of the ingest directory "
                        "(`--follow-symlinks` follows it)")
+    SYMLINK_LOOP = ("symlink_loop", None, None, False,
+                    "an ingest item skipped: a symbolic link to one of its own ancestor directories "
+                    "(a loop; its files are ingested once, under their real path)")
+    DUPLICATE_DIRECTORY = ("duplicate_directory", None, None, False,
+                           "an ingest item skipped: a link to a directory already walked; its "
+                           "files are ingested once, under the path reached first")
+    DUPLICATE_FILE = ("duplicate_file", None, None, False,
+                      "an ingest item skipped: a link (or second hard link) to a file already "
+                      "taken; `details` name the document id that has it")
+    SYMLINK_NOT_FOLLOWED = ("symlink_not_followed", None, None, False,
+                            "an ingest item skipped: a link to a directory inside the folder that "
+                            "was not walked (a hidden one); `--follow-symlinks` follows it")
+    BROKEN_SYMLINK = ("broken_symlink", None, None, False,
+                      "an ingest item refused: a dangling symbolic link, or one the system cannot "
+                      "resolve (a link to itself)")
     NOT_REGULAR_FILE = ("not_regular_file", None, None, False,
                         "an ingest item refused: neither a regular file nor a directory "
                         "(a FIFO, a device, a socket)")

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ROOMS = ("app", "foundation", "generation", "retrieval", "receipts", "latency_model")
 
 #: Calls whose positional argument at this index is an error code (``app.api.errors``).
-CODE_ARGUMENT = {"error_body": 0, "openai_error": 1, "respond": 2}
+CODE_ARGUMENT = {"error_body": 0, "openai_error": 1, "respond": 2, "Passed": 3}
 #: ... and whose positional argument at this index is the HTTP status sent with it.
 STATUS_ARGUMENT = {"openai_error": 0, "respond": 1}
 
