@@ -97,6 +97,8 @@ if TYPE_CHECKING:
     from retrieval.retriever import Hit
 
 log = logging.getLogger("ragbudget.pipeline")
+#: The id of this server's one engine in the fleet planner (:func:`latency_model.fleet.choose`).
+ENGINE_ID = "default"
 
 
 class AnswerPipeline:
@@ -263,15 +265,22 @@ class AnswerPipeline:
 
     def _plan(self, full: Prompt, cached: bool, budget: float, max_new: int,
               profile: PrefillBand, overhead_ms: float) -> Plan:
-        """The planner over all K candidates of ``full`` with ``overhead_ms`` already gone."""
-        from latency_model.planner import plan as make_plan
+        """The planner over all K candidates of ``full`` with ``overhead_ms`` already gone.
 
-        return make_plan(
-            question_tokens=full.question_tokens, scaffold_tokens=full.scaffold_len,
-            scaffold_cached=cached, chunk_tokens=list(full.chunk_token_counts), budget_ms=budget,
-            profile=profile, max_new_tokens=max_new, context_window=self.services.generator.context_window,
-            overhead_ms=overhead_ms, extra_tokens=full.framing_tokens + full.history_tokens,
-        )
+        Planned through the fleet planner (:func:`latency_model.fleet.choose`) with this
+        server's one engine, whose wait is already inside ``overhead_ms``: exactly the
+        single-engine plan (``tests/latency_model/test_fleet.py`` pins that).
+        """
+        from latency_model.fleet import EngineView, choose
+
+        engine = EngineView(ENGINE_ID, profile, 0.0, self.services.generator.context_window,
+                            scaffold_cached=cached)
+        choice = choose([engine], question_tokens=full.question_tokens,
+                        scaffold_tokens=full.scaffold_len, chunk_tokens=list(full.chunk_token_counts),
+                        budget_ms=budget, max_new_tokens=max_new, overhead_ms=overhead_ms,
+                        extra_tokens=full.framing_tokens + full.history_tokens)
+        assert choice.plan is not None, "a healthy engine always has a plan"
+        return choice.plan
 
     def bind(self, p: Prepared, now_t: float | None = None, arrival_key: int | None = None) -> Prepared:
         """Late binding: choose k now that the request has the model; return the updated request.

@@ -190,7 +190,7 @@ def simulate(arm: str, engines_n: int, budget_ms: float, args: argparse.Namespac
             got = choose(views, question_tokens=req.question_tokens, scaffold_tokens=SCAFFOLD_TOKENS,
                          chunk_tokens=req.chunk_tokens, budget_ms=budget_ms,
                          max_new_tokens=args.max_new_tokens)
-            if got.engine_id is None or got.chosen_k is None:
+            if not got.fits or got.engine_id is None or got.chosen_k is None:
                 refused += 1
                 continue
             ei, k = int(got.engine_id), got.chosen_k

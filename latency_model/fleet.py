@@ -12,9 +12,12 @@ then picks the engine whose plan carries the most context within the budget:
 3. then fewer requests in flight there;
 4. then the engine's position in the configured list (deterministic).
 
-Nothing fits anywhere (no engine makes ``k = 0`` within the budget): the choice is
-empty, with the smallest budget at which some engine would fit ``k = 0`` and the
-shortest predicted wait (a client's Retry-After). The idea of routing on a
+Nothing fits anywhere (no engine makes ``k = 0`` within the budget): the choice
+carries the plan of the engine that comes closest (the smallest budget at which it
+would fit ``k = 0``; its ``chosen_k`` is None, binding ``nothing_fits``), with
+``fits`` False, and the shortest predicted wait (a client's Retry-After). One
+engine configured is the single-engine planner exactly (the answer pipeline plans
+through this function). The idea of routing on a
 per-request SLO from each server's predicted TTFT is llm-d's predicted-latency
 scheduling; what is added here is choosing how much context to send, per request.
 """
@@ -67,13 +70,15 @@ class EnginePrediction:
 class FleetChoice:
     """The engine and plan chosen, and every healthy engine's prediction.
 
-    ``engine_id``/``plan`` are None when nothing fits anywhere; then
-    ``min_feasible_budget_ms`` (None when no engine can fit the question at all) and
-    ``retry_after_ms`` (the shortest predicted wait) say what would help.
+    ``fits`` False: nothing fits anywhere; ``engine_id``/``plan`` are then the engine
+    that comes closest and its ``nothing_fits`` plan (both None when no engine is
+    healthy), and ``min_feasible_budget_ms`` (None when no engine can fit the question
+    at all) and ``retry_after_ms`` (the shortest predicted wait) say what would help.
     """
 
     engine_id: str | None
     plan: Plan | None
+    fits: bool
     predictions: list[EnginePrediction] = field(default_factory=list)
     min_feasible_budget_ms: float | None = None
     retry_after_ms: float | None = None
@@ -85,7 +90,7 @@ class FleetChoice:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: engine, k, binding, and every engine's prediction."""
-        return {"engine_id": self.engine_id, "chosen_k": self.chosen_k,
+        return {"engine_id": self.engine_id, "chosen_k": self.chosen_k, "fits": self.fits,
                 "binding": None if self.plan is None else self.plan.binding,
                 "min_feasible_budget_ms": self.min_feasible_budget_ms,
                 "retry_after_ms": self.retry_after_ms,
@@ -146,9 +151,15 @@ def choose(engines: list[EngineView], *, question_tokens: int, scaffold_tokens: 
             ttft_p95_ms=None if row is None else e.predicted_wait_ms + row.ttft_p95_ms,
             binding=p.binding))
     if best is not None:
-        return FleetChoice(engine_id=best[1].engine_id, plan=best[2], predictions=predictions)
-    budgets = [p.min_feasible_budget_ms for _o, _e, p in plans if p.min_feasible_budget_ms is not None]
-    waits = [e.predicted_wait_ms for _o, e, _p in plans]
-    return FleetChoice(engine_id=None, plan=None, predictions=predictions,
-                       min_feasible_budget_ms=min(budgets) if budgets else None,
-                       retry_after_ms=min(waits) if waits else None)
+        return FleetChoice(engine_id=best[1].engine_id, plan=best[2], fits=True, predictions=predictions)
+    if not plans:
+        return FleetChoice(engine_id=None, plan=None, fits=False)
+
+    def closeness(item: tuple[int, EngineView, Plan]) -> tuple[float, int]:
+        budget = item[2].min_feasible_budget_ms
+        return (math.inf if budget is None else budget, item[0])
+
+    _order, nearest, nearest_plan = min(plans, key=closeness)
+    return FleetChoice(engine_id=nearest.engine_id, plan=nearest_plan, fits=False, predictions=predictions,
+                       min_feasible_budget_ms=nearest_plan.min_feasible_budget_ms,
+                       retry_after_ms=min(e.predicted_wait_ms for _o, e, _p in plans))

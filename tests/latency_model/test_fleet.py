@@ -77,10 +77,24 @@ def test_a_cached_scaffold_and_health_count() -> None:
 def test_nothing_fits_anywhere_says_the_least_budget_and_the_shortest_wait() -> None:
     fleet = [engine("a", FAST, wait=900.0), engine("b", SLOW, wait=400.0)]
     got = choose(fleet, budget_ms=300.0, **REQUEST)  # type: ignore[arg-type]
-    assert got.engine_id is None and got.plan is None and got.chosen_k is None
+    assert not got.fits and got.chosen_k is None
     k0 = {"a": 900.0 + 1.25 * (20 + 2 * 100), "b": 400.0 + 1.25 * (40 + 4 * 100)}
     assert got.min_feasible_budget_ms == pytest.approx(min(k0.values()))
+    assert got.engine_id == min(k0, key=k0.__getitem__)  # the closest engine's nothing_fits plan
+    assert got.plan is not None and got.plan.binding == "nothing_fits"
     assert got.retry_after_ms == 400.0
+    none = choose([engine("a", FAST, healthy=False)], budget_ms=300.0, **REQUEST)  # type: ignore[arg-type]
+    assert none.engine_id is None and none.plan is None and not none.fits
+
+
+def test_one_engine_is_the_single_engine_planner_exactly() -> None:
+    for budget in (150.0, 700.0, 1500.0, 9000.0):
+        for cached in (False, True):
+            alone = plan(**REQUEST, scaffold_cached=cached, budget_ms=budget, profile=FAST,  # type: ignore[arg-type]
+                         context_window=4096, overhead_ms=35.0)
+            got = choose([engine("only", FAST, scaffold_cached=cached)], budget_ms=budget,
+                         overhead_ms=35.0, **REQUEST)  # type: ignore[arg-type]
+            assert got.plan == alone and got.engine_id == "only"
 
 
 def test_bad_fleets_are_refused() -> None:
@@ -104,6 +118,7 @@ def test_no_engine_alone_carries_more_context_than_the_fleet_choice(
                            overhead_ms=e.predicted_wait_ms).chosen_k for e in fleet),
                      key=lambda k: -1 if k is None else k)
     assert got.chosen_k == best_alone
-    if got.plan is not None:
+    if got.fits:
+        assert got.plan is not None
         chosen = got.plan.chosen
         assert chosen is not None and chosen.fits_budget
