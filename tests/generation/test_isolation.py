@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from foundation.errors import BackendError
@@ -173,6 +173,16 @@ def test_fuzzed_sampling_beside_a_greedy_answer_never_fails_or_changes_it(
     assert (g_tokens, g_reason, g_exc) == (*greedy_alone, None)
     assert f_exc is None and f_reason in ("stop", "length"), (f_reason, f_exc)
     stops = set(tiny.eos_token_ids)
+    # What the run covered (shown by pytest --hypothesis-show-statistics).
+    event("greedy" if params.greedy else "T < 1e-30 (float32 overflow path)"
+          if params.temperature < 1e-30 else "sampled")
+    if not params.greedy and params.top_p < 1.4e-45:
+        event("top_p below float32's smallest value")
+    event(f"fuzzed answer ended: {f_reason}")
+    if params.ignore_eos and stops & set(f_tokens):
+        event("ignore_eos: went on past a stop id")
+    if params.min_tokens and f_reason == "stop":
+        event("min_tokens: stopped only after min_tokens")
     if params.ignore_eos:  # runs to max_new_tokens whatever it meets
         assert f_reason == "length" and len(f_tokens) == params.max_new_tokens
     else:
