@@ -191,3 +191,32 @@ def test_fuzzed_sampling_beside_a_greedy_answer_never_fails_or_changes_it(
     assert not stops & set(f_tokens[:params.min_tokens])
     assert f_reason == "length" or len(f_tokens) >= params.min_tokens
 
+
+
+def test_an_answer_whose_admission_or_scaffold_store_fails_ends_alone(
+        tiny: Any, greedy_alone: tuple[list[int], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-answer work around the forward (the prefix cache lookup at admission, storing a
+    computed scaffold) fails for one answer: that answer ends with the error, the greedy
+    answer admitted in the same step ends as it does alone."""
+    engine = tiny.engine
+    lookup, store = engine.prefix_lookup, engine.prefix_store
+
+    def failing_lookup(ids: list[int]) -> Any:
+        if ids == [5, 6]:
+            raise RuntimeError("prefix cache lookup fault")
+        return lookup(ids)
+
+    def failing_store(ids: list[int], kv: Any, logits: Any) -> None:
+        if ids == [8, 9]:
+            raise RuntimeError("prefix cache store fault")
+        store(ids, kv, logits)
+
+    monkeypatch.setattr(engine, "prefix_lookup", failing_lookup)
+    monkeypatch.setattr(engine, "prefix_store", failing_store)
+    greedy = tiny._sequence(GREEDY_PROMPT, 0, GenParams(MAX_NEW))
+    no_admit = tiny._sequence([5, 6, 7], 2, GenParams(MAX_NEW))
+    no_store = tiny._sequence([8, 9, 10], 2, GenParams(MAX_NEW))
+    results = run_together(tiny, greedy, no_admit, no_store)
+    assert results[0] == (*greedy_alone, None)
+    assert [(r[1], str(r[2])) for r in results[1:]] == [
+        ("error", "prefix cache lookup fault"), ("error", "prefix cache store fault")]
