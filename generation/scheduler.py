@@ -34,7 +34,9 @@ in the step, or when it arrived), established as follows:
 Failure isolation: after the forward, each answer's logits row is turned into its token on
 its own (:meth:`Engine._choose`); an exception there (its sampling failed) ends that answer
 alone with the error, while the other rows of the step, already computed, go on exactly as
-they would without it. Only a failure of the forward itself ends every answer in the step.
+they would without it. The same holds for an answer's admission (its KV buffer, its prefix
+cache lookup) and for storing its scaffold in the prefix cache. Only a failure of the
+forward itself ends every answer in the step.
 
 The attention over each answer's own KV buffer is
 :mod:`generation.packed_attention`.
@@ -300,10 +302,13 @@ class Engine:
             while self._waiting and len(self._running) < self.max_running:
                 self._running.append(self._waiting.popleft())
             batch = list(self._running)
-        try:
-            for seq in batch:
-                if seq.admitted_t is None and not self._gone(seq):
+        for seq in batch:
+            if seq.admitted_t is None and not self._gone(seq):
+                try:
                     self._admit(seq)
+                except Exception as exc:  # this answer could not be admitted: it alone ends
+                    self._finish(seq, "error", exc)
+        try:
             live = [s for s in batch if not self._gone(s) and not s.done]
             if live:
                 with self.lock:
@@ -419,8 +424,12 @@ class Engine:
             row += 1
             if seq.pos == seq.prefix_len and seq.cached_tokens == 0 and seq.prefix_len:
                 assert seq.kv is not None
-                self.prefix_store(seq.prompt[:seq.prefix_len], seq.kv.export_prefix(seq.prefix_len),
-                                  lg.clone())
+                try:
+                    self.prefix_store(seq.prompt[:seq.prefix_len],
+                                      seq.kv.export_prefix(seq.prefix_len), lg.clone())
+                except Exception as exc:  # storing this answer's scaffold failed: it alone ends
+                    self._finish(seq, "error", exc)
+                    continue
             if seq.in_prefill():
                 continue
             self._choose(seq, lg)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from foundation.errors import BackendError
@@ -173,6 +173,16 @@ def test_fuzzed_sampling_beside_a_greedy_answer_never_fails_or_changes_it(
     assert (g_tokens, g_reason, g_exc) == (*greedy_alone, None)
     assert f_exc is None and f_reason in ("stop", "length"), (f_reason, f_exc)
     stops = set(tiny.eos_token_ids)
+    # What the run covered (shown by pytest --hypothesis-show-statistics).
+    event("greedy" if params.greedy else "T < 1e-30 (float32 overflow path)"
+          if params.temperature < 1e-30 else "sampled")
+    if not params.greedy and params.top_p < 1.4e-45:
+        event("top_p below float32's smallest value")
+    event(f"fuzzed answer ended: {f_reason}")
+    if params.ignore_eos and stops & set(f_tokens):
+        event("ignore_eos: went on past a stop id")
+    if params.min_tokens and f_reason == "stop":
+        event("min_tokens: stopped only after min_tokens")
     if params.ignore_eos:  # runs to max_new_tokens whatever it meets
         assert f_reason == "length" and len(f_tokens) == params.max_new_tokens
     else:
@@ -181,3 +191,32 @@ def test_fuzzed_sampling_beside_a_greedy_answer_never_fails_or_changes_it(
     assert not stops & set(f_tokens[:params.min_tokens])
     assert f_reason == "length" or len(f_tokens) >= params.min_tokens
 
+
+
+def test_an_answer_whose_admission_or_scaffold_store_fails_ends_alone(
+        tiny: Any, greedy_alone: tuple[list[int], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-answer work around the forward (the prefix cache lookup at admission, storing a
+    computed scaffold) fails for one answer: that answer ends with the error, the greedy
+    answer admitted in the same step ends as it does alone."""
+    engine = tiny.engine
+    lookup, store = engine.prefix_lookup, engine.prefix_store
+
+    def failing_lookup(ids: list[int]) -> Any:
+        if ids == [5, 6]:
+            raise RuntimeError("prefix cache lookup fault")
+        return lookup(ids)
+
+    def failing_store(ids: list[int], kv: Any, logits: Any) -> None:
+        if ids == [8, 9]:
+            raise RuntimeError("prefix cache store fault")
+        store(ids, kv, logits)
+
+    monkeypatch.setattr(engine, "prefix_lookup", failing_lookup)
+    monkeypatch.setattr(engine, "prefix_store", failing_store)
+    greedy = tiny._sequence(GREEDY_PROMPT, 0, GenParams(MAX_NEW))
+    no_admit = tiny._sequence([5, 6, 7], 2, GenParams(MAX_NEW))
+    no_store = tiny._sequence([8, 9, 10], 2, GenParams(MAX_NEW))
+    results = run_together(tiny, greedy, no_admit, no_store)
+    assert results[0] == (*greedy_alone, None)
+    assert [(r[1], str(r[2])) for r in results[1:]] == [
+        ("error", "prefix cache lookup fault"), ("error", "prefix cache store fault")]
