@@ -34,6 +34,7 @@ from app.answer_types import (
     PredictedTTFT,
     TokenCounts,
 )
+from app.conversation import Turn
 from app.plan_bands import batch_of
 from foundation.errors import Conflict, InvalidInput
 from foundation.hashing import sha256_ints, sha256_text
@@ -239,8 +240,9 @@ class AnswerReceipts:
             question=p.request.question,
             corpus={"revision": r.revision, "root_hash": r.root_hash},
             embedder={"id": r.embedder_id, "identity": r.embedder},
-            request={"messages": [t.to_dict() for t in p.request.history]
-                     + [{"role": "user", "content": p.request.question}], "user": p.request.user},
+            request={"messages": [t.record() for t in p.request.history]
+                     + [Turn("user", p.request.question, p.request.question_name).record()],
+                     "user": p.request.user},
             retrieval={"k_candidates": r.k, "index": r.index, "query_truncated": r.query_truncated,
                        "query": p.query},
             candidates=[{"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id,
