@@ -34,6 +34,7 @@ from app.answer_types import (
     PredictedTTFT,
     TokenCounts,
 )
+from app.conversation import Turn
 from app.plan_bands import batch_of
 from app.slots import hit_slots
 from foundation.errors import Conflict, InvalidInput
@@ -240,8 +241,9 @@ class AnswerReceipts:
             question=p.request.question,
             corpus={"revision": r.revision, "root_hash": r.root_hash},
             embedder={"id": r.embedder_id, "identity": r.embedder},
-            request={"messages": [t.to_dict() for t in p.request.history]
-                     + [{"role": "user", "content": p.request.question}], "user": p.request.user},
+            request={"messages": [t.record() for t in p.request.history]
+                     + [Turn("user", p.request.question, p.request.question_name).record()],
+                     "user": p.request.user},
             retrieval={"k_candidates": r.k, "index": r.index, "query_truncated": r.query_truncated,
                        "query": p.query},
             # each candidate's prompt slot (app.slots): what replay lays the prompt out from

@@ -12,8 +12,8 @@ Format history (``format_version``):
   (:func:`foundation.hashing.canonical_json`). Read and verified, never written.
 * 2: canonical JSON per RFC 8785 (:mod:`receipts.canonical`); no integer
   beyond 2**53 - 1 anywhere (``candidates[].chunk_id`` is a decimal string,
-  seeds are below 2**53); new fields ``request`` (every chat message and the
-  client's ``user``), ``retrieval.query`` (the text retrieval embedded),
+  seeds are below 2**53); new fields ``request`` (every chat message, with its ``name``
+  when the client sent one, and the client's ``user``), ``retrieval.query`` (the text retrieval embedded),
   ``generator.params.stop`` (stop sequences) and ``output.finish_reason`` /
   ``output.stop_sequence``.
 
@@ -265,6 +265,8 @@ def _validate_v2(body: dict[str, Any]) -> None:
             _check_fields(body[name], fields, name)
     for i, message in enumerate(body["request"]["messages"]):
         _check_fields(message, MESSAGE, f"request.messages[{i}]")
+        if "name" in message:
+            _check_type(message["name"], "str", f"request.messages[{i}].name")
         if message["role"] not in ROLES:
             raise InvalidInput(f"request.messages[{i}].role must be one of {', '.join(ROLES)}",
                                field=f"request.messages[{i}].role")

@@ -143,7 +143,8 @@ async def start_answer(chat: ChatRequest, request: Request, pipeline: AnswerPipe
     req = AnswerRequest(question=chat.question, ttft_budget_ms=budget, max_new_tokens=chat.max_new_tokens,
                         on_budget_miss=on_miss,
                         revision=chat.revision, temperature=chat.temperature, top_p=chat.top_p,
-                        seed=chat.seed, history=chat.history, stop=chat.stop, user=chat.user)
+                        seed=chat.seed, history=chat.history, stop=chat.stop, user=chat.user,
+                        question_name=chat.question_name)
     arrival, auth_ms = arrival_of(request), auth_ms_of(request)
     cancel = threading.Event()
     events = iterate_in_thread(lambda: pipeline.stream(req, cancel=cancel, arrival_t=arrival,

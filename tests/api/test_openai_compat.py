@@ -152,3 +152,36 @@ def test_answer_route_refuses_max_new_tokens_over_the_window_with_its_own_shape(
     err = r.json()["error"]
     assert set(err) == {"code", "message", "details"}
     assert err["code"] == "context_length_exceeded" and err["details"]["field"] == "max_new_tokens"
+
+
+# --- message names ----------------------------------------------------------------------------
+NAMED = [{"role": "system", "content": "Answer briefly.", "name": "house_rules"},
+         {"role": "user", "content": "Which pump?", "name": "alice"},
+         {"role": "assistant", "content": "The circulation pump.", "name": "research_agent"},
+         {"role": "user", "content": Q, "name": "alice"}]
+
+
+def test_message_names_are_recorded_in_the_receipt_and_replay_exactly(compat: KeyedApp) -> None:
+    from app.receipt_wiring import replay_receipt
+    from receipts.chain import get_receipt
+
+    named = chat(compat, NAMED, max_tokens=8)
+    assert named.status_code == 200, named.text
+    body = get_receipt(compat.services.engine, named.json()["ragbudget"]["receipt_id"])
+    assert body["request"]["messages"] == NAMED
+    # The name is recorded, not shown: the model saw the same prompt as without names.
+    plain = chat(compat, [{k: v for k, v in m.items() if k != "name"} for m in NAMED], max_tokens=8)
+    plain_body = get_receipt(compat.services.engine, plain.json()["ragbudget"]["receipt_id"])
+    assert all("name" not in m for m in plain_body["request"]["messages"])
+    assert body["prompt"]["token_ids_hash"] == plain_body["prompt"]["token_ids_hash"]
+    report = replay_receipt(compat.services, body["id"], regenerate=True)
+    assert report.ok and report.check("prompt").status == "ok", report.render()
+
+
+def test_a_null_name_is_no_name(compat: KeyedApp) -> None:
+    from receipts.chain import get_receipt
+
+    r = chat(compat, [{"role": "user", "content": Q, "name": None}], max_tokens=4)
+    assert r.status_code == 200, r.text
+    body = get_receipt(compat.services.engine, r.json()["ragbudget"]["receipt_id"])
+    assert body["request"]["messages"] == [{"role": "user", "content": Q}]
