@@ -42,10 +42,10 @@ class ChatFraming:
     system_supported: bool = True
 
 
-def render_chat_template(source: str, messages: list[dict[str, str]], *,
-                         add_generation_prompt: bool = True, **context: Any) -> str:
+def render_chat_template(source: str, messages: list[dict[str, str]], **context: Any) -> str:
     """Render a Jinja chat template as transformers does (sandboxed, trim/lstrip blocks); with the
-    generation prompt (the text that opens the assistant's turn) unless told otherwise."""
+    generation prompt (the text that opens the assistant's turn) unless ``context`` sets
+    ``add_generation_prompt=False``."""
     from jinja2.exceptions import TemplateError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -58,8 +58,8 @@ def render_chat_template(source: str, messages: list[dict[str, str]], *,
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
-    return str(env.from_string(source).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                              **context))
+    return str(env.from_string(source).render(messages=messages, **{"add_generation_prompt": True,
+                                                                     **context}))
 
 
 def derive_framing(source: str, special_tokens: dict[str, str] | None = None) -> ChatFraming:
