@@ -85,7 +85,7 @@ from app.validation import (
     check_on_budget_miss,
     check_question,
 )
-from foundation.errors import BudgetUnreachable, TooLarge
+from foundation.errors import BudgetUnreachable, ContextLengthExceeded
 from generation.base import ON_SUBMIT, PREFILL_ORDER, GenerationStats, GenParams, TokenEvent
 from generation.stopping import StopMatcher
 from latency_model.planner import Plan, PrefillBand
@@ -185,8 +185,11 @@ class AnswerPipeline:
         picks is provisional (:meth:`bind` picks again when the model is free).
 
         Raises:
-            InvalidInput: empty/over-long question, bad budget, k_max, max_new_tokens or
-                on_budget_miss.
+            InvalidInput: empty/over-long question, bad budget, k_max, max_new_tokens,
+                on_budget_miss, or sampling parameters outside their ranges
+                (``invalid_sampling_parameter``, :meth:`GenParams.validate`).
+            ContextLengthExceeded: the prompt without a chunk fills the context window, or
+                ``max_new_tokens`` asked for does not fit beside it (:meth:`_fit_window`).
             UnknownRevision: ``req.revision`` does not exist.
         """
         arrival_t = arrival_t if arrival_t is not None else time.perf_counter()
@@ -194,6 +197,7 @@ class AnswerPipeline:
         question = check_question(s, req.question)
         budget = check_budget(s, req.ttft_budget_ms)
         max_new = check_max_new_tokens(s, req.max_new_tokens)
+        self.gen_params(req, max_new)  # refused here, before retrieval and before the queue
         k_cap = check_k(s, req.k_max, s.retrieval_candidates)
         check_on_budget_miss(req.on_budget_miss)
         check_roles(req.history)
@@ -204,10 +208,8 @@ class AnswerPipeline:
         scaffold, builder = self.scaffold_and_builder()
         gen = self.services.generator
         full = builder.build(scaffold.text, self.prompt_chunks(result.hits), question, req.history)
-        if full.prompt_tokens_for(0) >= gen.context_window:
-            raise TooLarge(f"the conversation and question take {full.prompt_tokens_for(0)} prompt tokens; "
-                           f"the context window is {gen.context_window}", code="context_length_exceeded",
-                           prompt_tokens=full.prompt_tokens_for(0), context_window=gen.context_window)
+        max_new = self._fit_window(full.prompt_tokens_for(0), max_new, req.max_new_tokens is None,
+                                   int(gen.context_window))
         cached = bool(gen.prefix_cached(full.scaffold_ids))
         profile = self.profile()
         planner_profile, correction = self.bands.planner_profile(profile)
@@ -231,6 +233,33 @@ class AnswerPipeline:
             predicted_wait_ms=wait_ms, queue_depth=depth, planner_profile=planner_profile,
             correction=correction,
         )
+
+    @staticmethod
+    def _fit_window(prompt_tokens: int, max_new: int, defaulted: bool, window: int) -> int:
+        """The output tokens an answer may take beside its prompt without a retrieved chunk.
+
+        ``prompt_tokens``: scaffold, conversation, question and chat framing (k = 0);
+        ``max_new``: the output tokens asked for, or the server's default when ``defaulted``
+        (then cut to what the window leaves, as vLLM does when ``max_tokens`` is absent);
+        ``window``: the model's context window. Returns ``max_new``, cut when defaulted.
+
+        Raises:
+            ContextLengthExceeded: the prompt alone fills the window (``field`` ``question``),
+                or ``max_new`` asked for does not fit beside it (``field`` ``max_new_tokens``):
+                refused before the request queues, never cut short after its first token.
+        """
+        fits = window - prompt_tokens
+        if fits >= max_new:
+            return max_new
+        if fits >= 1 and defaulted:
+            return fits
+        field = "question" if fits < 1 else "max_new_tokens"
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {window} tokens. However, you requested "
+            f"{prompt_tokens + max_new} tokens ({prompt_tokens} in the prompt, {max_new} for the "
+            f"output). Please reduce the length of the "
+            f"{'messages' if field == 'question' else 'output (max tokens)'}.",
+            field=field, prompt_tokens=prompt_tokens, max_new_tokens=max_new, context_window=window)
 
     def _plan(self, full: Prompt, cached: bool, budget: float, max_new: int,
               profile: PrefillBand, overhead_ms: float) -> Plan:
@@ -284,6 +313,16 @@ class AnswerPipeline:
         return Ticket(prefill_ms=row.ttft_p50_ms, tpot_ms=p.profile.predict_tpot_ms(row.prompt_tokens),
                       max_new_tokens=p.max_new_tokens)
 
+    @staticmethod
+    def gen_params(req: AnswerRequest, max_new_tokens: int) -> GenParams:
+        """The decoding parameters of ``req`` with its resolved ``max_new_tokens``, checked.
+
+        Raises:
+            InvalidInput: ``invalid_sampling_parameter`` (:meth:`GenParams.validate`).
+        """
+        return GenParams(max_new_tokens=max_new_tokens, temperature=req.temperature,
+                         top_p=req.top_p, seed=req.seed).validate()
+
     def _arrive(self, req: AnswerRequest, arrival_t: float) -> int | None:
         """Count ``req`` as arrived (:meth:`Arrivals.arrive`) with its budget and decode length;
         None when they are not valid (:meth:`prepare` then refuses it)."""
@@ -305,7 +344,10 @@ class AnswerPipeline:
         Raises:
             BudgetUnreachable: 503 with the predicted TTFT and a Retry-After (the queue's
                 :meth:`GenerationQueue.retry_after_ms`: its predicted wait, or with a free place
-                the time until a running answer ends; at least 1 s).
+                the time until a running answer ends; at least 1 s); ``retryable`` False when
+                no retry can help: the time spent before any wait (``timings_ms["overhead_ms"]``)
+                plus k = 0's prefill p50 on an idle engine (:meth:`PlanBands.alone`) is over the
+                budget too.
         """
         row = p.plan.rows[0]
         predicted = spent_ms + wait_ms + row.ttft_p50_ms
@@ -313,10 +355,17 @@ class AnswerPipeline:
             return
         self.metrics.rejections.labels(where=where).inc()
         retry_s = max(1.0, self.queue.retry_after_ms() / 1000.0)
+        scaffold = int(p.full_prompt.scaffold_len)
+        idle_p50 = float(self.bands.alone(p.profile).predict_ttft_many(
+            [row.prompt_tokens], [row.cached_tokens], [scaffold])[0][0])
+        idle_ms = p.timings_ms.get("overhead_ms", 0.0) + idle_p50
         raise BudgetUnreachable(
             f"even k=0 is predicted to take {predicted:.0f} ms to the first token (p50), over the "
-            f"{p.budget_ms:.0f} ms budget", retry_after_s=retry_s, predicted_ttft_ms=predicted,
-            budget_ms=p.budget_ms, predicted_wait_ms=wait_ms, where=where)
+            f"{p.budget_ms:.0f} ms budget" + ("" if idle_ms <= p.budget_ms else
+                                              f"; {idle_ms:.0f} ms with the model idle: a retry "
+                                              "cannot make it"),
+            retry_after_s=retry_s, predicted_ttft_ms=predicted, retryable=idle_ms <= p.budget_ms,
+            idle_ttft_ms=idle_ms, budget_ms=p.budget_ms, predicted_wait_ms=wait_ms, where=where)
 
     def advise(self, req: AnswerRequest, arrival_t: float | None = None,
                auth_ms: float | None = None) -> Advice:
@@ -376,8 +425,7 @@ class AnswerPipeline:
         # many it runs at once; any other runs one at a time.
         self.queue.slots = max(1, int(getattr(gen, "max_running", 1) or 1))
         # resolved(): a sampling request without a seed gets one drawn now, so it is recorded.
-        params = GenParams(max_new_tokens=prepared.max_new_tokens, temperature=req.temperature,
-                           top_p=req.top_p, seed=req.seed).resolved()
+        params = self.gen_params(req, prepared.max_new_tokens).resolved()
         state = InFlight()
         # Stop strings are cut here, on the decoded text of whatever backend streams it, and
         # the same way in replay (app.receipt_wiring): one place, generation.stopping.

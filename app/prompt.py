@@ -58,6 +58,7 @@ from sqlalchemy.exc import IntegrityError
 from app.conversation import Turn, prompt_turns
 from app.framing import (
     TurnFraming,
+    check_assistant_turn,
     derive_framing,
     derive_turn_framing,
     find_markers,
@@ -185,7 +186,9 @@ class PromptBuilder:
 
     Raises:
         InvalidConfig: no template (code ``no_chat_template``); a template that does not
-            echo the message contents; a marker that is not one special token of the
+            echo the message contents; a template whose prompt does not end by opening the
+            assistant's turn (code ``chat_template_no_assistant_turn``,
+            :func:`app.framing.check_assistant_turn`); a marker that is not one special token of the
             tokenizer (code ``chat_template_mismatch``).
     """
 
@@ -204,6 +207,7 @@ class PromptBuilder:
             self.framing = plain_framing(tokenizer)
         else:
             self.framing = derive_framing(self.template.source, specials)
+            check_assistant_turn(self.template.source, specials)
             self.turns = derive_turn_framing(self.template.source, specials, self.framing.system_supported)
         nl = tokenizer.encode("\n")
         # SentencePiece adds a prefix space at the start of every encode; encode after a newline instead.

@@ -187,8 +187,8 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
         prompt = _prompt(body, hits)
         gen = services.generator
         p = body["generator"]["params"]
-        params = GenParams(max_new_tokens=int(p["max_new_tokens"]), temperature=float(p["temperature"]),
-                           top_p=float(p["top_p"]), seed=p.get("seed"))
+        params = GenParams.from_dict({**p, "temperature": float(p["temperature"]),
+                                      "top_p": float(p["top_p"])})
         stopper, events, per_event = StopMatcher(list(p.get("stop") or [])), 0, True
         recorded = (body["generator"].get("engine") or {}).get("prefill_chunk")
         if recorded and gen.identity.get("backend") == "local":
