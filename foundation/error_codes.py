@@ -38,9 +38,9 @@ from foundation.errors import (
     AuthError,
     BackendError,
     BudgetUnreachable,
-    ContextLengthExceeded,
     Busy,
     Conflict,
+    ContextLengthExceeded,
     EmptyContent,
     Forbidden,
     IntegrityFailure,
@@ -97,7 +97,15 @@ class ErrorCode(StrEnum):
     EMPTY_CONTENT = ("empty_content", EmptyContent, 422, False,
                      "a document with no visible text after extraction and normalisation")
     INVALID_ENCODING = ("invalid_encoding", InvalidEncoding, 422, False,
-                        "bytes that are not UTF-8 or contain NUL (`details.offset`: the first bad byte)")
+                        "bytes that the encoding they are read in cannot decode (byte-order mark, an "
+                        "HTML page's declared charset, else UTF-8), an unknown declared charset, or "
+                        "NUL bytes without a byte-order mark (`details.offset`: the first bad byte)")
+    INVALID_FRONT_MATTER = ("invalid_front_matter", InvalidInput, 422, False,
+                            "a Markdown document's front matter (between `---` lines at its top) "
+                            "is not valid YAML; refused rather than indexed as text")
+    FRONT_MATTER_TOO_LARGE = ("front_matter_too_large", TooLarge, 413, False,
+                              "a Markdown document's front matter holds more values than the limit "
+                              "once YAML aliases are expanded (`details.limit`)")
     UNSUPPORTED_TYPE = ("unsupported_type", UnsupportedType, 422, False,
                         "a file suffix or document kind the extractor does not handle")
     TOO_LARGE = ("too_large", TooLarge, 413, False,
@@ -256,7 +264,7 @@ class ErrorCode(StrEnum):
                            "files are ingested once, under the path reached first")
     DUPLICATE_FILE = ("duplicate_file", None, None, False,
                       "an ingest item skipped: a link (or second hard link) to a file already "
-                      "taken; `details` name the document id that has it")
+                      "taken; the reason names the document id that has it")
     SYMLINK_NOT_FOLLOWED = ("symlink_not_followed", None, None, False,
                             "an ingest item skipped: a link to a directory inside the folder that "
                             "was not walked (a hidden one); `--follow-symlinks` follows it")
