@@ -7,8 +7,9 @@ creates a database and brings it to the head revision with ``ragbudget db upgrad
 as the app does), ingests a slice of the real corpus and creates an admin key with the CLI
 from this host, then starts ``ragbudget serve`` in every namespace on ``127.77.N.2:8000``
 with its own data directory (its own FAISS index, converted model copy and online
-correction), the packaged SmolLM2 and the packaged embedder, and dialling PostgreSQL at
-``127.77.N.1``. Everything is stopped and deleted on exit.
+correction), ``/metrics`` behind a key (so its only database access is the key check), the
+packaged SmolLM2 and the packaged embedder, and dialling PostgreSQL at ``127.77.N.1``.
+Everything is stopped and deleted on exit.
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ def replica_fleet(root: Path, pages: Sequence[Path], count: int = 2) -> Iterator
         common = {"RAGBUDGET_AUTH_ENABLED": "true", "RAGBUDGET_GENERATOR_PATH": _generator_path(),
                   "RAGBUDGET_GENERATOR_DEVICE": "cpu", "RAGBUDGET_TORCH_THREADS": "1",
                   "RAGBUDGET_RETRIEVAL_CANDIDATES": "2", "RAGBUDGET_ON_BUDGET_MISS": "answer",
-                  "RAGBUDGET_SHUTDOWN_GRACE_S": "5"}
+                  "RAGBUDGET_SHUTDOWN_GRACE_S": "5", "RAGBUDGET_METRICS_PUBLIC": "false"}
         env = {**common, "RAGBUDGET_DATABASE_URL": database, "RAGBUDGET_DATA_DIR": str(root / "cli")}
         cli(env, "db", "upgrade")
         revision = int(json.loads(cli(env, "ingest", "--json", *map(str, pages)).stdout)["revision"])

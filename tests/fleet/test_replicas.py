@@ -196,3 +196,25 @@ def test_a_profile_stored_on_one_host_is_used_by_every_replica_on_its_next_answe
     after = [answer(r, fleet.admin_key, QUESTIONS[3])["predicted"] for r in (a, b)]
     assert [p["profile_id"] for p in after] == [fitted.id, fitted.id]
     assert [p["profile_source"] for p in after] == ["fitted", "fitted"]
+
+
+def test_while_postgresql_is_gone_every_replica_refuses_with_503_and_serves_again_once_it_is_back(
+        fleet: Fleet) -> None:
+    """No replica serves from stale state while the shared database is away (the key cannot be
+    checked): 503 ``database_unavailable`` on every keyed request and on ``/healthz``; each
+    serves again on its first request after the database is back, without a restart."""
+    fleet.cluster.stop("fast")
+    try:
+        for r in fleet.replicas:  # /metrics reads nothing but the key; /v1/revisions reads the store
+            for path in ("/metrics", "/v1/revisions"):
+                gone = httpx.get(f"{r.base_url}{path}", headers=fleet.headers(), timeout=60)
+                assert gone.status_code == 503, (path, gone.text)
+                assert gone.json()["error"]["code"] == "database_unavailable"
+            assert httpx.get(f"{r.base_url}/healthz", timeout=60).status_code == 503
+    finally:
+        fleet.cluster.start()
+    for r in fleet.replicas:
+        assert httpx.get(f"{r.base_url}/metrics", headers=fleet.headers(), timeout=60).status_code == 200
+        back = httpx.get(f"{r.base_url}/v1/revisions", headers=fleet.headers(), timeout=60)
+        assert back.status_code == 200, back.text
+        assert back.json()["latest"] >= fleet.revision
