@@ -132,6 +132,7 @@ class ChatRequest:
     ttft_budget_ms: float | None = None
     revision: int | None = None
     on_budget_miss: str | None = None
+    max_tokens_param: str = "max_tokens"  # the output-token field the client sent (error param)
 
 
 def _neutral(value: Any, allowed: list[Any]) -> bool:
@@ -232,4 +233,6 @@ def to_chat_request(body: ChatCompletionCreate) -> ChatRequest:
         max_new_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature or 0.0, top_p=body.top_p if body.top_p is not None else 1.0,
         seed=body.seed, stop=normalize_stop(body.stop), user=body.user,
-        ttft_budget_ms=body.ttft_budget_ms, revision=body.revision, on_budget_miss=body.on_budget_miss)
+        ttft_budget_ms=body.ttft_budget_ms, revision=body.revision, on_budget_miss=body.on_budget_miss,
+        max_tokens_param="max_completion_tokens" if body.max_tokens is None and body.max_completion_tokens
+        else "max_tokens")
