@@ -5,10 +5,13 @@ test-owned PostgreSQL cluster.
 that listens on the veth host ends and trusts their subnet (:func:`tests.pg_cluster.started_cluster`),
 creates a database and brings it to the head revision with ``ragbudget db upgrade`` (Alembic,
 as the app does), ingests a slice of the real corpus and creates an admin key with the CLI
-from this host, then starts ``ragbudget serve`` in every namespace on ``127.77.N.2:8000``
+from this host, then starts ``ragbudget serve`` in every namespace on ``127.77.N.2:8000``,
+under a hostname of its own (``replica-a``, ``replica-b``, ...: a UTS namespace made by
+``unshare --uts``, so the started-answer journal tells the replicas apart as it tells hosts apart),
 with its own data directory (its own FAISS index, converted model copy and online
-correction), the packaged SmolLM2 and the packaged embedder, and dialling PostgreSQL at
-``127.77.N.1``. Everything is stopped and deleted on exit.
+correction), ``/metrics`` behind a key (so its only database access is the key check), the
+packaged SmolLM2 and the packaged embedder, and dialling PostgreSQL at ``127.77.N.1``.
+Everything is stopped and deleted on exit.
 """
 
 from __future__ import annotations
@@ -63,7 +66,13 @@ class Replica:
     ns: NetNamespace
     data_dir: Path
     log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def hostname(self) -> str:
+        """The replica's hostname (``replica-<name>``), as its journal rows record it."""
+        return f"replica-{self.name}"
 
     @property
     def base_url(self) -> str:
@@ -77,18 +86,25 @@ class Replica:
         except OSError:
             return ""
 
-    def start(self, env: dict[str, str]) -> None:
-        """Start ``ragbudget serve`` in the namespace; return once ``/healthz`` answers 200 (the
-        models, index and prefix cache are loaded before the server binds).
+    def start(self, env: dict[str, str] | None = None) -> None:
+        """Start ``ragbudget serve`` in the namespace under :attr:`hostname` with ``env`` (default:
+        the last start's); return once ``/healthz`` answers 200 (the models, index and prefix
+        cache are loaded before the server binds, and the start has recorded the answers a
+        killed predecessor on this host left).
 
         Raises:
             AssertionError: it exited or did not answer in time (with its log's tail).
         """
+        if env is not None:
+            self.env = dict(env)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
+        serve = [str(RAGBUDGET), "serve", "--host", self.ns.ns_ip, "--port", str(PORT)]
+        # unshare and sh exec in turn, so the process is ragbudget itself (signals reach it).
+        own_host = ["unshare", "--uts", "sh", "-c", f'hostname {self.hostname} && exec "$0" "$@"', *serve]
+        with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                self.ns.command([str(RAGBUDGET), "serve", "--host", self.ns.ns_ip, "--port", str(PORT)]),
-                env={**os.environ, **env, "RAGBUDGET_DATA_DIR": str(self.data_dir)},
+                self.ns.command(own_host),
+                env={**os.environ, **self.env, "RAGBUDGET_DATA_DIR": str(self.data_dir)},
                 stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -102,6 +118,12 @@ class Replica:
         self.stop()
         raise AssertionError(f"replica {self.name} did not answer within {START_TIMEOUT_S:.0f} s:\n"
                              f"{self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: the replica dies at once, as in a crash or an OOM kill."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
 
     def stop(self) -> None:
         """SIGTERM (the graceful shutdown ``ragbudget serve`` does), SIGKILL after 30 s."""
@@ -152,7 +174,7 @@ def replica_fleet(root: Path, pages: Sequence[Path], count: int = 2) -> Iterator
         common = {"RAGBUDGET_AUTH_ENABLED": "true", "RAGBUDGET_GENERATOR_PATH": _generator_path(),
                   "RAGBUDGET_GENERATOR_DEVICE": "cpu", "RAGBUDGET_TORCH_THREADS": "1",
                   "RAGBUDGET_RETRIEVAL_CANDIDATES": "2", "RAGBUDGET_ON_BUDGET_MISS": "answer",
-                  "RAGBUDGET_SHUTDOWN_GRACE_S": "5"}
+                  "RAGBUDGET_SHUTDOWN_GRACE_S": "5", "RAGBUDGET_METRICS_PUBLIC": "false"}
         env = {**common, "RAGBUDGET_DATABASE_URL": database, "RAGBUDGET_DATA_DIR": str(root / "cli")}
         cli(env, "db", "upgrade")
         revision = int(json.loads(cli(env, "ingest", "--json", *map(str, pages)).stdout)["revision"])

@@ -23,8 +23,8 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from receipts.chain import GENESIS
-from receipts.models import ReceiptRow
-from tests.answer.conftest import DEB, HTML
+from receipts.models import ReceiptJournalRow, ReceiptRow
+from tests.answer.conftest import DEB, HTML, sse_events
 from tests.fleet.conftest import require_netns
 from tests.fleet.replicas import ASK, Fleet, Replica, cli, replica_fleet
 
@@ -79,6 +79,27 @@ def chain_rows(fleet: Fleet) -> list[tuple[int, str, str, str]]:
         with engine.connect() as c:
             return [tuple(r) for r in c.execute(select(ReceiptRow.seq, ReceiptRow.id, ReceiptRow.prev_hash,
                                                        ReceiptRow.hash).order_by(ReceiptRow.seq))]
+    finally:
+        engine.dispose()
+
+
+def journal_rows(fleet: Fleet) -> list[tuple[str, str]]:
+    """``(receipt id, host)`` of every started answer without a receipt (the journal)."""
+    engine = create_engine(fleet.database_url)
+    try:
+        with engine.connect() as c:
+            return [(i, h) for i, h in c.execute(select(ReceiptJournalRow.id, ReceiptJournalRow.host)
+                                                 .order_by(ReceiptJournalRow.id))]
+    finally:
+        engine.dispose()
+
+
+def receipt_status(fleet: Fleet, receipt_id: str) -> str | None:
+    """The status of receipt ``receipt_id`` in the chain, or None when it is not there."""
+    engine = create_engine(fleet.database_url)
+    try:
+        with engine.connect() as c:
+            return c.execute(select(ReceiptRow.status).where(ReceiptRow.id == receipt_id)).scalar()
     finally:
         engine.dispose()
 
@@ -196,3 +217,52 @@ def test_a_profile_stored_on_one_host_is_used_by_every_replica_on_its_next_answe
     after = [answer(r, fleet.admin_key, QUESTIONS[3])["predicted"] for r in (a, b)]
     assert [p["profile_id"] for p in after] == [fitted.id, fitted.id]
     assert [p["profile_source"] for p in after] == ["fitted", "fitted"]
+
+
+def test_while_postgresql_is_gone_every_replica_refuses_with_503_and_serves_again_once_it_is_back(
+        fleet: Fleet) -> None:
+    """No replica serves from stale state while the shared database is away (the key cannot be
+    checked): 503 ``database_unavailable`` on every keyed request and on ``/healthz``; each
+    serves again on its first request after the database is back, without a restart."""
+    fleet.cluster.stop("fast")
+    try:
+        for r in fleet.replicas:  # /metrics reads nothing but the key; /v1/revisions reads the store
+            for path in ("/metrics", "/v1/revisions"):
+                gone = httpx.get(f"{r.base_url}{path}", headers=fleet.headers(), timeout=60)
+                assert gone.status_code == 503, (path, gone.text)
+                assert gone.json()["error"]["code"] == "database_unavailable"
+            assert httpx.get(f"{r.base_url}/healthz", timeout=60).status_code == 503
+    finally:
+        fleet.cluster.start()
+    for r in fleet.replicas:
+        assert httpx.get(f"{r.base_url}/metrics", headers=fleet.headers(), timeout=60).status_code == 200
+        back = httpx.get(f"{r.base_url}/v1/revisions", headers=fleet.headers(), timeout=60)
+        assert back.status_code == 200, back.text
+        assert back.json()["latest"] >= fleet.revision
+
+
+def test_an_answer_cut_by_a_replica_crash_is_recorded_once_by_that_replica_not_by_another(
+        fleet: Fleet) -> None:
+    """SIGKILL replica a mid-answer: its journal row names host ``replica-a``; restarting replica b
+    leaves it alone (a live answer of another host is not b's to close); a's own restart records
+    the answer as ``interrupted``, once, and the chain verifies."""
+    a, b = fleet.replicas
+    ask = {"question": QUESTIONS[0], **ASK, "max_new_tokens": 200, "stream": True}
+    with httpx.stream("POST", f"{a.base_url}/v1/answer", json=ask, headers=fleet.headers(), timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        for name, _ in sse_events(r.iter_lines()):
+            if name == "token":
+                a.kill()
+                break
+    rows = journal_rows(fleet)
+    assert [host for _, host in rows] == [a.hostname], rows
+    cut = rows[0][0]
+    assert receipt_status(fleet, cut) is None
+    b.stop()
+    b.start()
+    assert journal_rows(fleet) == rows and receipt_status(fleet, cut) is None
+    a.start()
+    assert journal_rows(fleet) == []
+    assert receipt_status(fleet, cut) == "interrupted"
+    report = json.loads(cli(fleet.env, "receipts", "verify", "--json").stdout)
+    assert report["ok"] is True, report
