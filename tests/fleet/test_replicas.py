@@ -40,7 +40,7 @@ ANSWERS_PER_CLIENT = 2
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """Two replicas (a, b) on one cluster with two pages of the PostgreSQL 15.18 docs ingested."""
-    require_netns()
+    require_netns("unshare", "hostname")
     if not DEB.exists() or shutil.which("dpkg-deb") is None:
         pytest.skip("the real corpus or dpkg-deb is not available")
     root = tmp_path_factory.mktemp("fleet")
