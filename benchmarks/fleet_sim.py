@@ -7,7 +7,10 @@ Every engine's prefill and decode costs come from one fitted latency profile (a
 (``--speeds``, cycled over the engines: a mixed fleet). Three routing arms, the same
 arrivals and the same noise draws in each:
 
-* ``rr``: round-robin over engines at a fixed k (what a plain load balancer does);
+* ``rr``: round-robin over engines at a fixed k (what a plain load balancer does); the
+  fixed k is, unless ``--fixed-k`` says otherwise, the k the planner gives a typical
+  request on an idle engine at the profile's own speed within the budget (an operator's
+  best static setting);
 * ``least``: the engine with the least predicted TTFT (its predicted wait plus the
   prefill p95 of the request at the fixed k), llm-d's predicted-latency routing;
 * ``joint``: :func:`latency_model.fleet.choose`, engine and k together, refusing fast
@@ -116,15 +119,28 @@ def prompt_tokens(req: Request, k: int) -> int:
     return SCAFFOLD_TOKENS + req.question_tokens + sum(req.chunk_tokens[:k])
 
 
+def tuned_k(budget_ms: float, args: argparse.Namespace, profile: Profile) -> int:
+    """The k the planner gives a typical request (mean chunk length, 20-token question) on an
+    idle speed-1 engine with a cached scaffold; at least 1 (0 would carry no context)."""
+    from latency_model.planner import plan
+
+    chunk = int(np.mean(args.chunk_tokens))
+    p = plan(question_tokens=20, scaffold_tokens=SCAFFOLD_TOKENS, scaffold_cached=True,
+             chunk_tokens=[chunk] * args.candidates, budget_ms=budget_ms, profile=profile,
+             max_new_tokens=args.max_new_tokens, context_window=8192)
+    return max(1, p.chosen_k or 0)
+
+
 def simulate(arm: str, engines_n: int, budget_ms: float, args: argparse.Namespace,
              profile: Profile) -> dict[str, Any]:
     """Run one arm; the per-arm summary (see module docstring)."""
     rng = np.random.default_rng(args.seed)
+    fixed_k = args.fixed_k if args.fixed_k is not None else tuned_k(budget_ms, args, profile)
     speeds = [args.speeds[i % len(args.speeds)] for i in range(engines_n)]
     tpot = profile.predict_tpot_ms(SCAFFOLD_TOKENS + 400)
     engines = [SimEngine(ScaledBand(profile, s), tpot * s) for s in speeds]
     # Arrival rate: --load x the fleet's capacity at the fixed k.
-    typical = SCAFFOLD_TOKENS + 20 + args.fixed_k * int(np.mean(args.chunk_tokens))
+    typical = SCAFFOLD_TOKENS + 20 + fixed_k * int(np.mean(args.chunk_tokens))
     service_ms = (float(profile.predict_ttft_ms(typical, SCAFFOLD_TOKENS, SCAFFOLD_TOKENS)[0])
                   + args.max_new_tokens * tpot)
     rate_per_ms = args.load * sum(1.0 / (service_ms * s) for s in speeds)
@@ -172,10 +188,10 @@ def simulate(arm: str, engines_n: int, budget_ms: float, args: argparse.Namespac
             continue
         req = requests[idx]
         if arm == "rr":
-            ei, k = rr_next % engines_n, args.fixed_k
+            ei, k = rr_next % engines_n, fixed_k
             rr_next += 1
         elif arm == "least":
-            k = args.fixed_k
+            k = fixed_k
             scores = []
             for e in engines:
                 cached = SCAFFOLD_TOKENS if e.warm else 0
@@ -204,7 +220,8 @@ def simulate(arm: str, engines_n: int, budget_ms: float, args: argparse.Namespac
     within = sum(1 for x in ttfts if x <= budget_ms)
     answered_n = max(1, len(answered))
     span_min = max(r.arrival_ms for r in requests) / 60000.0
-    return {"arm": arm, "engines": engines_n, "budget_ms": budget_ms, "requests": len(requests),
+    return {"arm": arm, "engines": engines_n, "budget_ms": budget_ms, "fixed_k": fixed_k,
+            "requests": len(requests),
             "within_budget": within / answered_n, "refused": refused / len(requests),
             "mean_k": float(np.mean([r.k for r in answered])) if answered else None,
             "goodput_per_min": within / span_min if span_min > 0 else None,
@@ -220,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", type=float, nargs="+", default=[1500.0, 3000.0])
     ap.add_argument("--speeds", type=float, nargs="+", default=[1.0, 1.0, 1.5, 2.5],
                     help="per-engine slowdown factors, cycled (1 = the profile's own speed)")
-    ap.add_argument("--fixed-k", type=int, default=2, help="k of the rr and least arms")
+    ap.add_argument("--fixed-k", type=int, default=None,
+                    help="k of the rr and least arms (default: tuned per budget, see tuned_k)")
     ap.add_argument("--candidates", type=int, default=8, help="K chunks retrieved per request")
     ap.add_argument("--chunk-tokens", type=int, nargs="+", default=list(range(100, 261, 20)))
     ap.add_argument("--max-new-tokens", type=int, default=48)
@@ -240,13 +258,14 @@ def main(argv: list[str] | None = None) -> int:
                 row = simulate(arm, n, budget, args, profile)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print(f"\n{'engines':>7} {'budget':>6} {'arm':>5} {'within':>7} {'refused':>7} {'mean k':>6} "
-          f"{'goodput/min':>11} {'p50 ms':>7} {'p95 ms':>7}")
+    print(f"\n{'engines':>7} {'budget':>6} {'arm':>5} {'fixed k':>7} {'within':>7} {'refused':>7} "
+          f"{'mean k':>6} {'goodput/min':>11} {'p50 ms':>7} {'p95 ms':>7}")
     for r in rows:
         def fmt(v: Any, spec: str) -> str:
             return "-" if v is None else format(v, spec)
-        print(f"{r['engines']:>7} {r['budget_ms']:>6.0f} {r['arm']:>5} {r['within_budget']:>7.1%} "
-              f"{r['refused']:>7.1%} {fmt(r['mean_k'], '>6.2f')} {fmt(r['goodput_per_min'], '>11.1f')} "
+        print(f"{r['engines']:>7} {r['budget_ms']:>6.0f} {r['arm']:>5} {r['fixed_k']:>7} "
+              f"{r['within_budget']:>7.1%} {r['refused']:>7.1%} {fmt(r['mean_k'], '>6.2f')} "
+              f"{fmt(r['goodput_per_min'], '>11.1f')} "
               f"{fmt(r['ttft_p50_ms'], '>7.0f')} {fmt(r['ttft_p95_ms'], '>7.0f')}")
     if args.out:
         settings = {k: str(v) for k, v in vars(args).items()}
