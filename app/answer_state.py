@@ -28,6 +28,7 @@ class AnswerRequest:
     and earlier turns), laid out after the scaffold and used for the retrieval
     query (:mod:`app.conversation`). ``stop``: stop strings
     (:mod:`generation.stopping`). ``user``: the client's end-user id, recorded.
+    ``question_name``: the ``name`` on the question's chat message, recorded with it.
     """
 
     question: str
@@ -42,6 +43,7 @@ class AnswerRequest:
     stop: list[str] = field(default_factory=list)
     user: str | None = None
     on_budget_miss: str | None = None  # "answer" | "reject"; None: the configured default
+    question_name: str | None = None
 
 
 @dataclass

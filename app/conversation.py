@@ -37,14 +37,23 @@ QUERY_USER_MESSAGES = 3
 
 @dataclass(frozen=True)
 class Turn:
-    """One message as text: ``role`` is system, developer, user or assistant."""
+    """One message as text: ``role`` is system, developer, user or assistant; ``name`` the
+    participant's name an OpenAI client may send (LangChain ``HumanMessage(name=...)``, agent
+    names), recorded in the receipt and not shown to the model (:meth:`to_dict`)."""
 
     role: str
     content: str
+    name: str | None = None
 
     def to_dict(self) -> dict[str, str]:
-        """``{"role", "content"}``, the chat-message shape a chat template takes."""
+        """``{"role", "content"}``, the chat-message shape a chat template takes (no ``name``:
+        the prompt is the same with or without one)."""
         return {"role": self.role, "content": self.content}
+
+    def record(self) -> dict[str, str]:
+        """The message as the receipt records it (``request.messages``): ``{"role", "content"}``
+        and ``"name"`` when the client sent one."""
+        return {**self.to_dict(), **({"name": self.name} if self.name is not None else {})}
 
 
 def check_roles(messages: list[Turn]) -> None:

@@ -3,9 +3,10 @@
 The scaffold (system prompt + fixed instructions, stored in the ``scaffolds``
 table with its hash) is the stable front of every prompt, so its KV cache can be
 reused. Its ids end at a chat-template boundary: the system turn is closed and
-the user-turn header written. Then come the chosen chunks in rank order, each
-labelled ``[n] (doc <id> v<version>)`` and separated by blank lines, then the question, then the user-turn
-end and the assistant header.
+the user-turn header written. Then come the chosen chunks in rank order, one per
+prompt slot (:mod:`app.slots`: identical texts share one), each labelled
+``[n] (doc <id> v<version>)`` (``; also doc <id> v<version>, ...`` for the copies) and
+separated by blank lines, then the question, then the user-turn end and the assistant header.
 
 A chat request's own system messages and earlier turns (the conversation)
 come right after the scaffold, so the scaffold stays the cached prefix of every
@@ -136,11 +137,13 @@ def get_scaffold(engine: Engine, scaffold_id: int) -> Scaffold:
 
 @dataclass(frozen=True)
 class PromptChunk:
-    """A retrieved chunk as shown to the model."""
+    """A retrieved chunk as shown to the model: one prompt slot (:mod:`app.slots`); ``also`` holds
+    ``(document id, version)`` of the other candidates with the same text."""
 
     document_id: int | str
     version: int
     text: str
+    also: tuple[tuple[int | str, int], ...] = ()
 
 
 @dataclass
@@ -291,12 +294,14 @@ class PromptBuilder:
         The blank line between parts opens the next segment instead of closing the
         previous one: byte-level BPE pre-tokenisers split ``"\\n\\n["`` differently
         from a trailing ``"\\n\\n"``, so this way the ids match what the model's
-        own chat template would produce for the same text. ``after_text``: the
+        own chat template would produce for the same text. A slot with copies names them:
+        ``[n] (doc a v1; also doc b v1, doc c v2)``. ``after_text``: the
         user turn already holds text (client instructions, an earlier user
         message), so the first chunk opens with a blank line too.
         """
         sep = "\n\n" if rank > 1 or after_text else ""
-        return f"{sep}[{rank}] (doc {chunk.document_id} v{chunk.version})\n{chunk.text}"
+        also = "".join(f"{', ' if i else '; also '}doc {d} v{v}" for i, (d, v) in enumerate(chunk.also))
+        return f"{sep}[{rank}] (doc {chunk.document_id} v{chunk.version}{also})\n{chunk.text}"
 
     @staticmethod
     def question_segment(question: str) -> str:

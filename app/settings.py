@@ -75,6 +75,10 @@ class Settings(BaseSettings):
     remote_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. "
                                         "http://127.0.0.1:8001/v1 (vLLM, SGLang).")
     remote_model: str | None = None
+    remote_max_running: int | None = Field(None, ge=1, le=4096, description="Remote engine: "
+                                           "requests sent at once. Unset: the server's own "
+                                           "slot count (llama.cpp /props total_slots), else 1; "
+                                           "set it for vLLM or SGLang, which batch.")
     remote_api_key: str | None = None
     remote_tokenizer: str | None = Field(None, description="Local HF tokenizer directory or a "
                                          "tiktoken encoding name for the remote model.")

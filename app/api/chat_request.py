@@ -6,7 +6,8 @@ of OpenAI's Chat Completions request falls in one of three groups:
 
 * honoured: ``model`` (one of ``GET /v1/models``), ``messages`` (roles
   system, developer, user, assistant; content a string or a list of text
-  parts, joined by newlines as vLLM does), ``stream``, ``stream_options``
+  parts, joined by newlines as vLLM does; ``name`` recorded in the receipt, not shown
+  to the model), ``stream``, ``stream_options``
   (``include_usage``), ``max_tokens`` / ``max_completion_tokens``,
   ``temperature``, ``top_p``, ``seed`` (0 .. 2**53 - 1), ``stop`` (a string or
   up to 4), ``user`` (recorded in the receipt), and ragbudget's own
@@ -68,9 +69,11 @@ REFUSED_BECAUSE = {
     "top_logprobs": "log probabilities are not returned",
     "modalities": "only text output is supported",
 }
-MESSAGE_KEYS = ("role", "content")
+MESSAGE_KEYS = ("role", "content", "name")
+#: The longest message ``name`` accepted (OpenAI's limit).
+MAX_NAME_CHARS = 64
 #: Message fields accepted only with these values (or null).
-MESSAGE_NEUTRAL: dict[str, list[Any]] = {"tool_calls": [[]], "refusal": [], "name": [], "audio": [],
+MESSAGE_NEUTRAL: dict[str, list[Any]] = {"tool_calls": [[]], "refusal": [], "audio": [],
                                          "function_call": [], "tool_call_id": []}
 
 
@@ -113,12 +116,13 @@ class ChatCompletionCreate(BaseModel):
 class ChatRequest:
     """A validated chat request, ready for the answer pipeline.
 
-    ``question`` is the last (user) message's text; ``history`` the messages
-    before it; ``messages`` all of them, as recorded in the receipt.
+    ``question`` is the last (user) message's text and ``question_name`` its ``name``;
+    ``history`` the messages before it; ``messages`` all of them, as recorded in the receipt.
     """
 
     model: str
     question: str
+    question_name: str | None
     history: list[Turn]
     messages: list[Turn]
     stream: bool
@@ -132,6 +136,7 @@ class ChatRequest:
     ttft_budget_ms: float | None = None
     revision: int | None = None
     on_budget_miss: str | None = None
+    max_tokens_param: str = "max_tokens"  # the output-token field the client sent (error param)
 
 
 def _neutral(value: Any, allowed: list[Any]) -> bool:
@@ -164,9 +169,10 @@ def message_text(message: dict[str, Any], index: int) -> Turn:
 
     Raises:
         UnsupportedParameter: a tool/function role, a non-text content part, or a
-            message field other than role and content (``name``, ``tool_calls``, ...).
-        InvalidInput (``invalid_message``): a missing or unknown role, or content that is
-            neither a string nor a list of parts.
+            message field other than role, content and name (``tool_calls``, ...).
+        InvalidInput (``invalid_message``): a missing or unknown role, content that is
+            neither a string nor a list of parts, or a ``name`` that is not a string of 1 to
+            :data:`MAX_NAME_CHARS` characters.
     """
     where = f"messages[{index}]"
     role = message.get("role")
@@ -181,9 +187,13 @@ def message_text(message: dict[str, Any], index: int) -> Turn:
             continue
         if key not in MESSAGE_NEUTRAL or not _neutral(value, MESSAGE_NEUTRAL[key]):
             raise UnsupportedParameter(f"{where}.{key} is not supported", param=f"{where}.{key}")
+    name = message.get("name")
+    if name is not None and (not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME_CHARS):
+        raise InvalidInput(f"{where}.name must be a string of 1 to {MAX_NAME_CHARS} characters",
+                           code="invalid_message", param=f"{where}.name")
     content = message.get("content")
     if isinstance(content, str):
-        return Turn(role, content)
+        return Turn(role, content, name)
     if not isinstance(content, list):
         raise InvalidInput(f"{where}.content must be a string or a list of text parts",
                            code="invalid_message", param=f"{where}.content")
@@ -198,7 +208,7 @@ def message_text(message: dict[str, Any], index: int) -> Turn:
             raise UnsupportedParameter(f"{at} must be {{\"type\": \"text\", \"text\": <string>}}",
                                        param=at)
         texts.append(part["text"])
-    return Turn(role, "\n".join(texts))
+    return Turn(role, "\n".join(texts), name)
 
 
 def to_chat_request(body: ChatCompletionCreate) -> ChatRequest:
@@ -227,9 +237,12 @@ def to_chat_request(body: ChatCompletionCreate) -> ChatRequest:
         raise InvalidInput("the last message must be the user's question (role user)",
                            code="last_message_not_user", param=f"messages[{len(turns) - 1}].role")
     return ChatRequest(
-        model=body.model, question=turns[-1].content, history=turns[:-1], messages=turns,
+        model=body.model, question=turns[-1].content, question_name=turns[-1].name,
+        history=turns[:-1], messages=turns,
         stream=body.stream, include_usage=bool(body.stream_options and body.stream_options.include_usage),
         max_new_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature or 0.0, top_p=body.top_p if body.top_p is not None else 1.0,
         seed=body.seed, stop=normalize_stop(body.stop), user=body.user,
-        ttft_budget_ms=body.ttft_budget_ms, revision=body.revision, on_budget_miss=body.on_budget_miss)
+        ttft_budget_ms=body.ttft_budget_ms, revision=body.revision, on_budget_miss=body.on_budget_miss,
+        max_tokens_param="max_completion_tokens" if body.max_tokens is None and body.max_completion_tokens
+        else "max_tokens")

@@ -125,7 +125,9 @@ MESSAGES_REFUSED = [
     ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
                                                             "function": {"name": "f", "arguments": "{}"}}]},
       {"role": "user", "content": Q}], "messages[0].tool_calls"),
-    ([{"role": "user", "content": Q, "name": "alice"}], "messages[0].name"),
+    ([{"role": "user", "content": Q, "name": ""}], "messages[0].name"),
+    ([{"role": "user", "content": Q, "name": 7}], "messages[0].name"),
+    ([{"role": "user", "content": Q, "name": "a" * 65}], "messages[0].name"),
     ([{"role": "user", "content": Q}, {"role": "assistant", "content": "prefill"}], "messages[1].role"),
 ]
 
