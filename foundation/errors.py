@@ -2,8 +2,9 @@
 
 Every error the project raises on purpose derives from :class:`RagBudgetError`
 and carries a stable, machine-readable ``code``. HTTP status codes and CLI exit
-codes are mapped only at the edges (``app.api.errors`` and ``app.cli.main``),
-never here::
+codes are mapped only at the edges (``app.api.errors`` and ``app.cli.common``),
+never here. Every public code, with its status and meaning, is listed once in
+:mod:`foundation.error_codes` (``docs/errors.md``)::
 
     RagBudgetError                      code
     ├── InvalidInput                    invalid_input        (bad request data)
@@ -13,8 +14,8 @@ never here::
     │   ├── UnsupportedType             unsupported_type
     │   ├── TooLarge                    too_large
     │   ├── InvalidDocumentId           invalid_document_id
-    │   ├── InvalidConfig               invalid_config
     │   └── ContextLengthExceeded       context_length_exceeded (prompt + max tokens over the window)
+    ├── InvalidConfig                   invalid_config       (the server's settings; not the caller's fault)
     ├── NotFound                        not_found
     │   ├── UnknownModel                model_not_found
     │   ├── UnknownDocument             unknown_document
@@ -106,8 +107,13 @@ class InvalidDocumentId(InvalidInput):
     code = "invalid_document_id"
 
 
-class InvalidConfig(InvalidInput):
-    """Settings or options that cannot work together (e.g. a chunk overlap not below the window)."""
+class InvalidConfig(RagBudgetError):
+    """Settings, options or model files that cannot work (e.g. a chunk overlap not below the window).
+
+    A server-side error, not bad request data: found while serving a request it answers
+    HTTP 500 (the operator must fix the settings; the caller cannot), while the CLI, whose
+    user is the operator, exits 2 as for bad input.
+    """
 
     code = "invalid_config"
 

@@ -1,5 +1,8 @@
 """Turning source bytes into the text a model reads: decoding, HTML extraction, validation.
 
+Decoding (byte-order marks, declared charsets) is :mod:`retrieval.decoding`; Markdown's front
+matter and HTML comments are :mod:`retrieval.markdown`; :func:`extract` runs the whole path.
+
 A document version's content is the *extracted, normalised* text, never the
 markup: two HTML files that differ only in attributes, generated ids or the
 navigation chrome give the same text and the same content hash. The source
@@ -31,10 +34,13 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from dataclasses import dataclass
 from typing import Any
 
 from foundation.errors import EmptyContent, InvalidEncoding, UnsupportedType
 from foundation.hashing import normalize_text
+from retrieval.decoding import decode_source
+from retrieval.markdown import markdown_text
 
 #: Document kinds and the file suffixes that map to them.
 SUFFIX_KINDS = {".txt": "txt", ".md": "md", ".rst": "rst", ".html": "html", ".htm": "html"}
@@ -80,19 +86,14 @@ def check_kind(kind: str) -> str:
 
 
 def decode_utf8(raw: bytes) -> str:
-    """Decode UTF-8 bytes strictly (a leading BOM is dropped).
+    """Decode ``raw`` as a plain-text document: its byte-order mark (UTF-8/16/32), else strict UTF-8
+    (:func:`retrieval.decoding.decode_source`).
 
     Raises:
-        InvalidEncoding: NUL bytes (binary content) or bytes that are not valid UTF-8.
+        InvalidEncoding: NUL bytes without a byte-order mark (binary content) or bytes the
+            encoding cannot read.
     """
-    if b"\x00" in raw:
-        raise InvalidEncoding("binary content: the bytes contain NUL characters",
-                              offset=raw.index(b"\x00"))
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InvalidEncoding(f"not valid UTF-8 at byte {exc.start}: {exc.reason}",
-                              offset=exc.start) from exc
+    return decode_source(raw, "txt")
 
 
 def check_text(text: str) -> str:
@@ -268,24 +269,46 @@ def _pre_text(pre: Any) -> str:
     return "".join(parts)
 
 
-def extract_text(raw: bytes, kind: str) -> str:
-    """Decode (and for HTML, extract) ``raw`` into normalised text (:func:`normalize_text`).
+@dataclass(frozen=True)
+class Extracted:
+    """A document's text to index and, for Markdown with YAML front matter, that front matter."""
+
+    text: str
+    front_matter: dict[str, Any] | None = None
+
+
+def extract(kind: str, *, raw: bytes | None = None, text: str | None = None) -> Extracted:
+    """Decode ``raw`` (:mod:`retrieval.decoding`: byte-order mark, an HTML page's declared
+    charset, else UTF-8), or take ``text`` as given, and extract what a model reads: HTML's
+    visible body text (comments dropped by the parser); Markdown without its front matter
+    (returned apart) and HTML comments (:mod:`retrieval.markdown`); normalised
+    (:func:`finish_text`).
 
     Raises:
         UnsupportedType: unknown ``kind``.
-        InvalidEncoding: binary content or invalid UTF-8 (text kinds; HTML may
-            declare another charset, which BeautifulSoup honours).
+        InvalidEncoding: bytes that cannot be decoded (see :mod:`retrieval.decoding`).
+        InvalidInput (``invalid_front_matter``): Markdown front matter that is not valid YAML.
         EmptyContent: nothing visible is left.
     """
     check_kind(kind)
+    if (raw is None) == (text is None):
+        raise ValueError("give exactly one of raw or text")
+    decoded = decode_source(raw, kind) if raw is not None else str(text)
+    front: dict[str, Any] | None = None
     if kind == "html":
-        if b"\x00" in raw:
-            raise InvalidEncoding("binary content: the bytes contain NUL characters",
-                                  offset=raw.index(b"\x00"))
-        text = html_to_text(raw)
-    else:
-        text = decode_utf8(raw)
-    return finish_text(text)
+        decoded = html_to_text(decoded)
+    elif kind == "md":
+        decoded, front = markdown_text(normalize_text(check_text(decoded)))
+    return Extracted(finish_text(decoded), front)
+
+
+def extract_text(raw: bytes, kind: str) -> str:
+    """The text of :func:`extract` for source bytes (front matter left out).
+
+    Raises:
+        as :func:`extract`.
+    """
+    return extract(kind, raw=raw).text
 
 
 def finish_text(text: str) -> str:

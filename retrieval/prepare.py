@@ -22,7 +22,7 @@ from foundation.hashing import canonical_json, sha256_bytes, sha256_text
 from retrieval.boilerplate import LearnedBlock, drop_boilerplate, learn_boilerplate
 from retrieval.chunking import ChunkerConfig, ChunkSpan, chunk_text
 from retrieval.document_ids import check_document_id, lookup_document_id, printable
-from retrieval.extract import check_kind, check_text, extract_text, finish_text
+from retrieval.extract import check_kind, check_text, extract
 from retrieval.revisions import CurrentRow
 from retrieval.tokens import TextTokenizer
 
@@ -68,13 +68,15 @@ class Prepared:
     chunks: list[ChunkSpan] | None = None
 
 
-def prepare_item(item: IngestItem, max_document_bytes: int) -> tuple[str, str, str]:
-    """Validate and extract one item; return ``(text, content_hash, source_hash)``.
+def prepare_item(item: IngestItem, max_document_bytes: int) -> tuple[str, str, str, dict[str, Any] | None]:
+    """Validate and extract one item; return ``(text, content_hash, source_hash, front_matter)``.
 
     The source hash is ``sha256:`` of ``raw``, or of the UTF-8 bytes of ``text`` as given.
+    ``front_matter``: a Markdown item's YAML front matter (:mod:`retrieval.markdown`), else None.
 
     Raises:
-        InvalidInput and subclasses: bad id, kind, encoding, size, or no visible content.
+        InvalidInput and subclasses: bad id, kind, encoding, size, front matter, or no visible
+            content.
     """
     check_document_id(item.document_id)
     kind = check_kind(item.kind)
@@ -84,15 +86,15 @@ def prepare_item(item: IngestItem, max_document_bytes: int) -> tuple[str, str, s
     if len(source) > max_document_bytes:
         raise TooLarge(f"document is {len(source)} bytes; the limit is {max_document_bytes}",
                        size_bytes=len(source), limit_bytes=max_document_bytes)
-    if item.raw is not None or kind == "html":
-        text = extract_text(source, kind)
-    else:
-        text = finish_text(str(item.text))
-    return text, sha256_text(text), sha256_bytes(source)
+    got = extract(kind, raw=item.raw) if item.raw is not None else extract(kind, text=str(item.text))
+    return got.text, sha256_text(got.text), sha256_bytes(source), got.front_matter
 
 
-def metadata_json(item: IngestItem, size_bytes: int, source_hash: str) -> str:
-    """Canonical JSON ``{"user": <item.metadata>, "source": {kind, path, bytes, sha256}}``.
+def metadata_json(item: IngestItem, size_bytes: int, source_hash: str,
+                  front_matter: dict[str, Any] | None = None) -> str:
+    """Canonical JSON ``{"user": <item.metadata>, "source": {kind, path, bytes, sha256}}``, with
+    ``"front_matter"`` (a Markdown document's YAML front matter, :mod:`retrieval.markdown`) when
+    the document has one.
 
     Raises:
         InvalidInput: metadata is not a JSON object with string keys.
@@ -100,7 +102,10 @@ def metadata_json(item: IngestItem, size_bytes: int, source_hash: str) -> str:
     if not isinstance(item.metadata, dict) or not all(isinstance(k, str) for k in item.metadata):
         raise InvalidInput("metadata must be a JSON object with string keys")
     source = {"kind": item.kind, "path": item.source_path, "bytes": size_bytes, "sha256": source_hash}
-    return canonical_json({"user": item.metadata, "source": source}).decode("utf-8")
+    out: dict[str, Any] = {"user": item.metadata, "source": source}
+    if front_matter is not None:
+        out["front_matter"] = front_matter
+    return canonical_json(out).decode("utf-8")
 
 
 def rejected(document_id: object, exc: RagBudgetError) -> ItemResult:
@@ -171,9 +176,9 @@ def prepare_items(candidates: Sequence[tuple[int, IngestItem]], before: dict[str
     extracted: list[tuple[int, IngestItem, str, str, str]] = []
     for idx, item in candidates:
         try:
-            text, _, shash = prepare_item(item, max_document_bytes)
+            text, _, shash, front = prepare_item(item, max_document_bytes)
             size = len(item.raw) if item.raw is not None else len(str(item.text).encode("utf-8"))
-            extracted.append((idx, item, text, shash, metadata_json(item, size, shash)))
+            extracted.append((idx, item, text, shash, metadata_json(item, size, shash, front)))
         except InvalidInput as exc:
             results[idx] = rejected(item.document_id, exc)
             done += 1

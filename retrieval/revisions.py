@@ -56,7 +56,8 @@ class RevisionInfo:
 @dataclass(frozen=True)
 class VersionInfo:
     """A document version or tombstone. ``text`` is None in listings; ``metadata`` is the
-    caller's metadata; ``source`` holds kind, path, byte size and ``sha256`` of the source bytes."""
+    caller's metadata; ``source`` holds kind, path, byte size and ``sha256`` of the source bytes;
+    ``front_matter`` a Markdown document's YAML front matter (kept out of its text), else None."""
 
     document_id: str
     version: int
@@ -71,6 +72,7 @@ class VersionInfo:
     source: dict[str, Any]
     text: str | None = None
     n_chunks: int | None = None
+    front_matter: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict."""
@@ -209,7 +211,7 @@ def _version_info(row: DocumentVersion, *, with_text: bool, n_chunks: int | None
         source_hash=row.source_hash, chunker_id=row.chunker_id,
         live_from_revision=row.live_from_revision, live_until_revision=row.live_until_revision,
         metadata=meta.get("user", {}), source=meta.get("source", {}),
-        text=row.text if with_text else None, n_chunks=n_chunks)
+        text=row.text if with_text else None, n_chunks=n_chunks, front_matter=meta.get("front_matter"))
 
 
 def _n_chunks(session: Session, version_id: int) -> int:

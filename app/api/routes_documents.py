@@ -75,7 +75,8 @@ class VersionPublic(BaseModel):
     """A document version or tombstone. Live in revisions ``[live_from_revision,
     live_until_revision)`` (open-ended while null). ``text`` and ``n_chunks`` are set when one
     version is read, null in listings; ``source`` holds the source kind, path, byte size and
-    ``sha256``; ``chunker_id`` names the chunk window and tokenizer that cut it."""
+    ``sha256``; ``chunker_id`` names the chunk window and tokenizer that cut it; ``front_matter``
+    is a Markdown document's YAML front matter, kept as metadata and not as text."""
 
     document_id: str
     version: int
@@ -89,6 +90,7 @@ class VersionPublic(BaseModel):
     source: dict[str, Any]
     text: str | None = None
     n_chunks: int | None = None
+    front_matter: dict[str, Any] | None = None
 
 
 class DocumentPublic(BaseModel):

@@ -138,3 +138,125 @@ def test_table_cells_holding_paragraphs_keep_their_rows():
     </td><td><pre>no</pre></td></tr></tbody></table>"""
     assert html_to_text(html).split("\n\n") == ["Column Type Description", "oid oid Row identifier | yes",
                                                 "amname name Name of the access method | no"]
+
+
+# --- encodings: byte-order marks and declared charsets (retrieval/decoding.py) -----------------
+
+TEXT = "Pumpe geprüft: 6 bar, Ventil ✓ — naïve café"
+
+
+@pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be", "utf-8"])
+@pytest.mark.parametrize("kind", ["txt", "md", "rst"])
+def test_a_text_file_with_a_byte_order_mark_is_read_in_its_encoding(codec, kind):
+    import codecs
+
+    bom = {"utf-16-le": codecs.BOM_UTF16_LE, "utf-16-be": codecs.BOM_UTF16_BE,
+           "utf-32-le": codecs.BOM_UTF32_LE, "utf-32-be": codecs.BOM_UTF32_BE, "utf-8": codecs.BOM_UTF8}
+    assert extract_text(bom[codec] + TEXT.encode(codec), kind) == TEXT
+
+
+def test_an_html_page_in_utf16_with_a_byte_order_mark_is_read():
+    html = f"<html><head><meta charset='utf-16'></head><body><p>{TEXT}</p></body></html>"
+    assert extract_text(b"\xff\xfe" + html.encode("utf-16-le"), "html") == TEXT
+
+
+def test_a_utf16_file_without_a_byte_order_mark_is_refused_with_the_reason():
+    with pytest.raises(InvalidEncoding, match="byte-order mark") as exc:
+        extract_text(TEXT.encode("utf-16-le"), "txt")
+    assert exc.value.code == "invalid_encoding"
+
+
+@pytest.mark.parametrize("head", [
+    '<?xml version="1.0" encoding="ISO-8859-1"?>\n<html><head>',
+    '<html><head><meta charset="iso-8859-1">',
+    '<html><head><meta http-equiv="Content-Type" content="text/html; charset=latin1">',
+])
+def test_an_html_page_is_read_in_the_charset_it_declares(head):
+    raw = (head + "<title>t</title></head><body><p>café crème</p></body></html>").encode("latin-1")
+    assert extract_text(raw, "html") == "café crème"
+
+
+def test_a_windows_1252_page_keeps_its_typographic_quotes():
+    raw = b'<html><head><meta charset="windows-1252"></head><body><p>\x93quoted\x94</p></body></html>'
+    assert extract_text(raw, "html") == "\u201cquoted\u201d"
+
+
+@pytest.mark.parametrize(("raw", "kind", "why"), [
+    (b"\xff\xfe" + "ok".encode("utf-16-le") + b"\x00\xd8", "txt", "UTF-16-LE, from its byte-order mark"),
+    (b'<html><head><meta charset="utf-8"></head><body>caf\xe9</body></html>', "html", "UTF-8"),
+    (b"<html><body>caf\xe9, no charset declared</body></html>", "html", "no declared charset"),
+    (b'<html><head><meta charset="x-klingon"></head><body>x</body></html>', "html", "x-klingon"),
+])
+def test_a_file_that_cannot_be_decoded_is_refused_naming_the_encoding(raw, kind, why):
+    with pytest.raises(InvalidEncoding, match=why):
+        extract_text(raw, kind)
+
+
+# --- Markdown: front matter as metadata, HTML comments dropped (retrieval/markdown.py) ----------
+
+MD = """---
+title: Pump maintenance
+tags: [pumps, building-4]
+updated: 2024-03-01
+deploy_token: tok-FRONTMATTER-7781
+---
+# Pump maintenance
+
+The pump is inspected every six months. <!-- admin password: hunter2-COMMENT -->
+
+<!--
+TODO: rotate the key ssh-COMMENT-9931
+-->
+```html
+<!-- kept: a comment shown as code -->
+```
+
+Write `<!-- inline code -->` to hide a line.
+"""
+
+
+def test_markdown_front_matter_is_metadata_and_not_text():
+    from retrieval.extract import extract
+
+    got = extract("md", raw=MD.encode())
+    assert got.front_matter == {"title": "Pump maintenance", "tags": ["pumps", "building-4"],
+                                "updated": "2024-03-01", "deploy_token": "tok-FRONTMATTER-7781"}
+    assert got.text.startswith("# Pump maintenance")
+    assert "FRONTMATTER" not in got.text and "title:" not in got.text
+
+
+def test_html_comments_are_dropped_from_markdown_but_not_from_its_code():
+    text = extract_text(MD.encode(), "md")
+    assert "COMMENT" not in text and "hunter2" not in text
+    assert "<!-- kept: a comment shown as code -->" in text and "`<!-- inline code -->`" in text
+    assert "The pump is inspected every six months." in text
+
+
+def test_html_comments_are_dropped_from_html():
+    raw = b"<html><body><p>Pump <!-- password: hunter2 -->check</p><pre>a<!-- b -->c</pre></body></html>"
+    assert extract_text(raw, "html") == "Pump check\n\nac"
+
+
+def test_front_matter_that_is_not_valid_yaml_is_refused():
+    from foundation.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="not valid YAML") as exc:
+        extract_text(b"---\ntitle: [unclosed\n---\nBody", "md")
+    assert exc.value.code == "invalid_front_matter"
+
+
+def test_a_thematic_break_and_a_heading_are_not_front_matter():
+    from retrieval.extract import extract
+
+    got = extract("md", raw=b"---\nJust a heading\n---\nBody")
+    assert got.front_matter is None and got.text == "---\nJust a heading\n---\nBody"
+
+
+def test_a_yaml_alias_bomb_in_front_matter_is_refused():
+    from foundation.errors import TooLarge
+
+    levels = "".join(f"{n}: &{n} [{', '.join(['*' + p] * 10)}]\n"
+                     for p, n in zip("abcde", "bcdef", strict=True))
+    bomb = "---\na: &a [x, x, x, x, x, x, x, x, x, x]\n" + levels + "---\nBody"
+    with pytest.raises(TooLarge):
+        extract_text(bomb.encode(), "md")

@@ -182,7 +182,7 @@ def test_no_content_cases_are_rejected_with_a_reason_and_store_nothing(engine, i
 def test_bad_items_are_rejected_individually_and_the_rest_commits(engine, ingest):
     report = ingest([
         IngestItem("good", text="Fine."),
-        IngestItem("utf", raw=b"\xff\xfe bad"),
+        IngestItem("utf", raw=b"\xc3\x28 bad"),
         IngestItem("bin", raw=b"GIF89a\x00\x01"),
         IngestItem("big", text="x" * 2000),
         IngestItem("type", text="x", kind="pdf"),
@@ -291,3 +291,32 @@ def test_a_change_committed_between_prepare_and_commit_is_diffed_against_the_new
     with read_session(engine) as s:
         assert get_version(s, "a", 3).n_chunks == 1
         assert verify_store(s) == []
+
+
+def test_markdown_front_matter_is_stored_as_metadata_and_no_chunk_holds_it_or_a_comment(engine, ingest):
+    from tests.store.test_extract import MD
+
+    report = ingest([IngestItem("pump.md", raw=MD.encode(), kind="md"),
+                     IngestItem("api.md", text=MD, kind="md")])
+    assert report.counts["added"] == 2
+    with read_session(engine) as s:
+        for doc in ("pump.md", "api.md"):
+            v = get_version(s, doc, 1)
+            assert v.front_matter is not None and v.front_matter["deploy_token"] == "tok-FRONTMATTER-7781"
+            assert v.front_matter["updated"] == "2024-03-01" and v.source["kind"] == "md"
+            assert "FRONTMATTER" not in v.text and "COMMENT" not in v.text
+        texts = list(s.scalars(select(Chunk.text)))
+    assert texts and not any("FRONTMATTER" in t or "COMMENT" in t or "hunter2" in t for t in texts)
+
+
+def test_a_utf16_file_is_ingested_and_an_undecodable_one_is_rejected_alone(engine, ingest):
+    text = "Die Pumpe wird halbjährlich geprüft."
+    report = ingest([IngestItem("de.txt", raw=b"\xff\xfe" + text.encode("utf-16-le")),
+                     IngestItem("bad.txt", raw=b"\xfe\xff" + text.encode("utf-16-be")[:-1]),
+                     IngestItem("latin.html", raw=b"<html><body>caf\xe9</body></html>", kind="html")])
+    assert report.revision == 1 and report.counts["added"] == 1 and report.counts["rejected"] == 2
+    reasons = {r.document_id: (r.code, r.reason) for r in report.rejected}
+    assert reasons["bad.txt"][0] == "invalid_encoding" and "UTF-16-BE" in reasons["bad.txt"][1]
+    assert reasons["latin.html"][0] == "invalid_encoding" and "UTF-8" in reasons["latin.html"][1]
+    with read_session(engine) as s:
+        assert get_version(s, "de.txt", 1).text == text
