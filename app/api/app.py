@@ -25,6 +25,7 @@ from fastapi import APIRouter, FastAPI
 from app.api import (
     routes_answer,
     routes_chat,
+    routes_completions,
     routes_documents,
     routes_health,
     routes_keys,
@@ -57,6 +58,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     routes_latency.router,
     routes_answer.router,
     routes_chat.router,
+    routes_completions.router,
     routes_models.router,
     routes_receipts.router,
     routes_keys.router,

@@ -148,19 +148,24 @@ def _neutral(value: Any, allowed: list[Any]) -> bool:
                for ok in allowed)
 
 
-def refuse_unhonoured_fields(extra: dict[str, Any]) -> None:
+def refuse_unhonoured_fields(extra: dict[str, Any], neutral: dict[str, list[Any]] | None = None,
+                             refused_because: dict[str, str] | None = None) -> None:
     """Raise for the first field of ``extra`` (fields outside the honoured set) that would change
-    anything.
+    anything. ``neutral``/``refused_because``: the route's table and reasons (default: chat's
+    :data:`NEUTRAL` and :data:`REFUSED_BECAUSE`).
 
     Raises:
-        UnsupportedParameter: a field not in :data:`NEUTRAL` (unknown to ragbudget), or one with a
+        UnsupportedParameter: a field not in ``neutral`` (unknown to ragbudget), or one with a
             value other than its neutral ones; ``details.param`` names it.
     """
+    table = NEUTRAL if neutral is None else neutral
+    reasons = REFUSED_BECAUSE if refused_because is None else refused_because
     for name, value in extra.items():
-        if name not in NEUTRAL:
+        if name not in table:
             raise UnsupportedParameter(f"{name!r} is not supported by this server", param=name)
-        if not _neutral(value, NEUTRAL[name]):
-            because = REFUSED_BECAUSE.get(name, f"only {NEUTRAL[name]!r} is accepted")
+        if not _neutral(value, table[name]):
+            because = reasons.get(name, f"only {table[name]!r} is accepted" if table[name]
+                                  else "only null is accepted")
             raise UnsupportedParameter(f"{name}={value!r} is not supported: {because}", param=name)
 
 

@@ -2,7 +2,7 @@
 
 Every error body is ``{"error": {"code", "message", "details"}}``. The routes
 that speak OpenAI's wire format (:data:`OPENAI_PATHS`: ``/v1/chat/completions``,
-``/v1/models``) answer in OpenAI's error shape as well, so OpenAI clients read
+``/v1/completions``, ``/v1/models``) answer in OpenAI's error shape as well, so OpenAI clients read
 them: the same object also carries ``type`` (``invalid_request_error``, ...)
 and ``param`` (the offending field, e.g. ``"n"`` or ``"messages[1].role"``, or
 null), and a request error is 400 there, as OpenAI answers it, where the other
@@ -79,7 +79,7 @@ def error_body(code: str, message: str, details: object | None = None) -> dict[s
 
 
 #: Path prefixes of the OpenAI-compatible routes (OpenAI's error shape, 400 for request errors).
-OPENAI_PATHS = ("/v1/chat/completions", "/v1/models")
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models")
 _OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
 
 

@@ -123,6 +123,10 @@ def _finish_reason(summary: Answer) -> Literal["stop", "length"]:
     return "length" if summary.finish_reason == "length" else "stop"
 
 
+#: What ``POST /v1/completions`` shares with this route (:mod:`app.api.routes_completions`).
+usage_of, extra_of, finish_reason_of = _usage, _extra, _finish_reason
+
+
 async def start_answer(chat: ChatRequest, request: Request, pipeline: AnswerPipeline,
                        x_ttft_budget_ms: float | None, x_on_budget_miss: str | None,
                        prompt_param: str) -> tuple[AnswerEvent, AsyncIterator[AnswerEvent]]:

@@ -57,8 +57,10 @@ def served(tmp_path_factory: pytest.TempPathFactory, api_profile: Any) -> Iterat
 
     root = tmp_path_factory.mktemp("clients")
     gen = StepGenerator(CharTokenizer(), reply=REPLY)
-    app = start_keyed_app(api_settings(root, queue_max=0, retrieval_candidates=2,
-                                       max_new_tokens_limit=2 * WINDOW), api_profile, gen)
+    # limits above the window, so it is the window that refuses
+    settings = api_settings(root, queue_max=0, retrieval_candidates=2, max_new_tokens_limit=2 * WINDOW,
+                            max_question_chars=2 * WINDOW)
+    app = start_keyed_app(settings, api_profile, gen)
     with app.client:
         r = app.client.post("/v1/documents", json={"id": "pump.txt", "text": DOC},
                             headers=app.headers("admin"))
@@ -179,3 +181,111 @@ def test_retry_after_is_the_predicted_wait_rounded_up(served: Served) -> None:
     assert len(refused) == 1, results
     wait_ms = refused[0].body["details"]["predicted_wait_ms"]
     assert refused[0].response.headers["retry-after"] == str(max(1, math.ceil(wait_ms / 1000)))
+
+
+# --- LangChain ChatOpenAI ---------------------------------------------------------------------
+def langchain_chat(served: Served, **kw: Any) -> Any:
+    langchain_openai = pytest.importorskip("langchain_openai")
+    return langchain_openai.ChatOpenAI(model="ragbudget", base_url=f"{served.base_url}/v1",
+                                       api_key=served.key, http_client=served.http_client(), **kw)
+
+
+def test_langchain_raises_its_context_overflow_error(served: Served) -> None:
+    """LangChain reads ``context_length_exceeded`` in a 400 as a context overflow (its history
+    trimming hooks on it); a 413 used to surface as a generic APIStatusError."""
+    from langchain_core.exceptions import ContextOverflowError
+    from langchain_core.messages import HumanMessage
+    from openai import BadRequestError
+
+    with pytest.raises(ContextOverflowError) as err:
+        langchain_chat(served, max_tokens=WINDOW).invoke(Q)
+    # langchain-openai sends max_completion_tokens (the field it names)
+    assert isinstance(err.value, BadRequestError) and err.value.param == "max_completion_tokens"
+    long = [HumanMessage(content="pump " * (WINDOW // 5), name="alice"),
+            HumanMessage(content=Q, name="alice")]
+    with pytest.raises(ContextOverflowError) as err:
+        langchain_chat(served, max_tokens=8).invoke(long)
+    assert isinstance(err.value, BadRequestError) and err.value.param == "messages"
+
+
+def test_langchain_named_messages_are_answered(served: Served) -> None:
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+    reply = langchain_chat(served, max_tokens=8).invoke([
+        SystemMessage(content="Answer briefly."), HumanMessage(content="Which pump?", name="alice"),
+        AIMessage(content="The circulation pump.", name="researcher"), HumanMessage(content=Q, name="alice")])
+    assert reply.content == REPLY[:8]
+
+
+def test_langchain_default_retries_wait_out_a_loaded_server(served: Served) -> None:
+    served.seen.clear()
+    llm = langchain_chat(served, max_tokens=LOAD_TOKENS)  # max_retries unset: the openai client's 2
+    results = concurrently(3, lambda: llm.invoke(Q))
+    assert [getattr(r, "content", r) for r in results] == [REPLY[:LOAD_TOKENS]] * 3, results
+    assert assert_429s_said_the_predicted_wait(served) >= 2
+
+
+def test_langchain_does_not_retry_a_budget_no_retry_can_make(served: Served) -> None:
+    from langchain_core.exceptions import ModelAPIError
+
+    served.seen.clear()
+    llm = langchain_chat(served, max_tokens=4, extra_body={"ttft_budget_ms": 1, "on_budget_miss": "reject"})
+    with pytest.raises(ModelAPIError) as err:
+        llm.invoke(Q)
+    assert err.value.status_code == 503 and err.value.code == "budget_unreachable"  # type: ignore[attr-defined]
+    assert [s for s, _ in served.seen] == [503]
+
+
+# --- LlamaIndex OpenAILike, with its defaults (legacy completions) ----------------------------
+def llama_index_llm(served: Served, **kw: Any) -> Any:
+    openai_like = pytest.importorskip("llama_index.llms.openai_like")
+    return openai_like.OpenAILike(model="ragbudget", api_base=f"{served.base_url}/v1", api_key=served.key,
+                                  http_client=served.http_client(), **kw)
+
+
+def test_llama_index_defaults_complete_and_chat_through_completions(served: Served) -> None:
+    from llama_index.core.llms import ChatMessage
+
+    served.seen.clear()
+    llm = llama_index_llm(served, max_tokens=8)
+    assert not llm.metadata.is_chat_model  # the default: /v1/completions for both
+    assert llm.complete(Q).text == REPLY[:8]
+    assert "".join(r.delta or "" for r in llm.stream_complete(Q)) == REPLY[:8]
+    assert llm.chat([ChatMessage(role="user", content=Q)]).message.content == REPLY[:8]
+    assert [s for s, _ in served.seen] == [200, 200, 200]
+
+
+def test_llama_index_raises_bad_request_context_length_exceeded(served: Served) -> None:
+    from llama_index.core.llms import ChatMessage
+    from openai import BadRequestError
+
+    with pytest.raises(BadRequestError) as err:
+        llama_index_llm(served, max_tokens=WINDOW).complete(Q)
+    assert (err.value.code, err.value.param) == ("context_length_exceeded", "max_tokens")
+    with pytest.raises(BadRequestError) as err:
+        llama_index_llm(served, max_tokens=8).chat([ChatMessage(role="user",
+                                                                content="pump " * (WINDOW // 5))])
+    assert (err.value.code, err.value.param) == ("context_length_exceeded", "prompt")
+
+
+def test_llama_index_default_retries_wait_out_a_loaded_server(served: Served) -> None:
+    served.seen.clear()
+    llm = llama_index_llm(served, max_tokens=LOAD_TOKENS)  # max_retries 3 (openai) inside 3 attempts
+    results = concurrently(3, lambda: llm.complete(Q))
+    assert [getattr(r, "text", r) for r in results] == [REPLY[:LOAD_TOKENS]] * 3, results
+    assert assert_429s_said_the_predicted_wait(served) >= 2
+
+
+def test_llama_index_retries_even_a_budget_no_retry_can_make(served: Served) -> None:
+    """LlamaIndex's own retry layer (tenacity, on InternalServerError) does not read
+    ``x-should-retry``: the openai client under it does not retry, but LlamaIndex asks again,
+    3 attempts in all (docs/clients.md)."""
+    from openai import InternalServerError
+
+    served.seen.clear()
+    llm = llama_index_llm(served, max_tokens=4,
+                          additional_kwargs={"extra_body": {"ttft_budget_ms": 1, "on_budget_miss": "reject"}})
+    with pytest.raises(InternalServerError) as err:
+        llm.complete(Q)
+    assert err.value.code == "budget_unreachable"
+    assert [(s, h.get("x-should-retry")) for s, h in served.seen] == [(503, "false")] * 3

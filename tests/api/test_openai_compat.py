@@ -185,3 +185,73 @@ def test_a_null_name_is_no_name(compat: KeyedApp) -> None:
     assert r.status_code == 200, r.text
     body = get_receipt(compat.services.engine, r.json()["ragbudget"]["receipt_id"])
     assert body["request"]["messages"] == [{"role": "user", "content": Q}]
+
+
+# --- legacy completions -----------------------------------------------------------------------
+def complete(app: KeyedApp, **body: Any) -> Any:
+    return app.client.post("/v1/completions", json={"model": "ragbudget", "prompt": Q, **body},
+                           headers=app.headers("copilot"))
+
+
+def test_completions_answer_a_prompt_as_one_user_turn(compat: KeyedApp) -> None:
+    from receipts.chain import get_receipt
+
+    r = complete(compat, max_tokens=12)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["object"] == "text_completion" and got["id"].startswith("cmpl-")
+    assert got["choices"] == [{"index": 0, "text": REPLY[:12], "finish_reason": "length", "logprobs": None}]
+    assert got["usage"]["completion_tokens"] == 12
+    assert got["usage"]["total_tokens"] == got["usage"]["prompt_tokens"] + 12
+    assert r.headers["X-Ragbudget-Receipt-Id"] == got["ragbudget"]["receipt_id"]
+    body = get_receipt(compat.services.engine, got["ragbudget"]["receipt_id"])
+    assert body["request"]["messages"] == [{"role": "user", "content": Q}] and body["question"] == Q
+    # the same answer path as a chat with that one user message: the same prompt
+    same = chat(compat, max_tokens=12).json()
+    chat_body = get_receipt(compat.services.engine, same["ragbudget"]["receipt_id"])
+    assert chat_body["prompt"]["token_ids_hash"] == body["prompt"]["token_ids_hash"]
+    assert same["choices"][0]["message"]["content"] == got["choices"][0]["text"]
+
+
+def test_completions_stream_text_chunks_then_usage(compat: KeyedApp) -> None:
+    r = complete(compat, stream=True, stream_options={"include_usage": True}, stop=".")
+    assert r.status_code == 200, r.text
+    chunks = data_lines(r)
+    assert chunks[-1] == "[DONE]"
+    usage = chunks[-2]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] > 0
+    body = chunks[:-2]
+    assert all(c["object"] == "text_completion" for c in body)
+    assert "".join(c["choices"][0]["text"] for c in body) == REPLY[:REPLY.index(".")]
+    assert [c["choices"][0]["finish_reason"] for c in body if c["choices"][0]["finish_reason"]] == ["stop"]
+    assert body[-1]["ragbudget"]["receipt_status"] == "written"
+
+
+@pytest.mark.parametrize(("extra", "param", "code"), [
+    ({"prompt": ["one", "two"]}, "prompt", "unsupported_parameter"),
+    ({"prompt": [1, 2, 3]}, "prompt", "unsupported_parameter"),
+    ({"echo": True}, "echo", "unsupported_parameter"),
+    ({"suffix": "end"}, "suffix", "unsupported_parameter"),
+    ({"logprobs": 2}, "logprobs", "unsupported_parameter"),
+    ({"best_of": 3}, "best_of", "unsupported_parameter"),
+    ({"tools": []}, "tools", "unsupported_parameter"),
+    ({"max_tokens": WINDOW}, "max_tokens", "context_length_exceeded"),
+    ({"prompt": "   "}, None, "empty_question"),
+])
+def test_completions_refuse_what_they_do_not_honour(compat: KeyedApp, extra: dict[str, Any],
+                                                    param: str | None, code: str) -> None:
+    before = receipts_of(compat)
+    r = complete(compat, **extra)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["type"]) == (code, "invalid_request_error")
+    if param is not None:
+        assert err["param"] == param
+    assert receipts_of(compat) == before
+
+
+def test_completions_accept_neutral_values_and_a_list_of_one_prompt(compat: KeyedApp) -> None:
+    r = complete(compat, prompt=[Q], n=1, best_of=1, echo=False, suffix=None, logprobs=None,
+                 presence_penalty=0, frequency_penalty=0.0, logit_bias={}, max_tokens=4)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == REPLY[:4]

@@ -78,6 +78,7 @@ def test_every_route_answers_something_the_schema_names(openapi):
     ("/v1/advise", "post", "Advice"),
     ("/v1/advise/curve", "get", "AdviceCurve"),
     ("/v1/chat/completions", "post", "ChatCompletion"),
+    ("/v1/completions", "post", "TextCompletion"),
     ("/v1/latency/profiles/{profile_id}", "get", "ProfileDetail"),
 ])
 def test_answer_routes_name_their_typed_models(openapi, path, method, model):

@@ -35,6 +35,7 @@ ROUTE_ROLES: dict[tuple[str, str], str] = {
     ("POST", "/v1/advise"): "copilot",
     ("GET", "/v1/advise/curve"): "copilot",
     ("POST", "/v1/chat/completions"): "copilot",
+    ("POST", "/v1/completions"): "copilot",
     ("GET", "/v1/models"): "copilot",
     ("GET", "/v1/models/{model_id:path}"): "copilot",
     ("POST", "/v1/retrieve"): "copilot",

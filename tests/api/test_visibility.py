@@ -38,6 +38,7 @@ CITED = '"document_id":"pump.txt"'
     ("POST", "/v1/advise", {"question": QUESTION, "ttft_budget_ms": 60_000}, CITED),
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": QUESTION}],
                                       "ttft_budget_ms": 60_000}, CITED),
+    ("POST", "/v1/completions", {"prompt": QUESTION, "ttft_budget_ms": 60_000}, CITED),
     ("GET", "/v1/advise/curve", None, '"chosen_k":1,'),
 ])
 def test_copilot_answers_cite_the_chunk_without_its_text(secured: KeyedApp, method: str, path: str,

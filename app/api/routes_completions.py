@@ -1,0 +1,212 @@
+"""OpenAI-compatible legacy ``POST /v1/completions``: a prompt string answered as one user turn.
+
+LlamaIndex's ``OpenAILike`` posts here with its defaults (``is_chat_model`` False) for
+``complete()`` and, its messages formatted into one prompt, for ``chat()`` too. The prompt
+goes the way of a chat request with a single user message (:mod:`app.api.routes_chat`):
+retrieval, the plan for the TTFT budget, the prompt laid out after the cached scaffold, the
+receipt (``request.messages`` holds the one user message). The response follows OpenAI's
+legacy shape, ``object: "text_completion"`` with ``choices[0].text``, streamed or not
+(``stream_options.include_usage`` as on chat), with the same ``ragbudget`` extra field.
+
+Fields: ``prompt`` a string (or a list of one string); ``max_tokens`` (absent: the
+server's default, as on chat, cut to what the context window leaves), ``temperature``,
+``top_p``, ``seed``, ``stop``, ``user``, ``stream``, ``stream_options`` and ragbudget's own
+``ttft_budget_ms``, ``revision``, ``on_budget_miss`` are honoured as on chat; ``n`` and
+``best_of`` 1, ``echo`` false, penalties 0, ``logit_bias`` {} and null for ``suffix`` and
+``logprobs`` change nothing and are accepted; anything else is refused with 400
+``unsupported_parameter`` naming the field (OpenAI's error shape).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.answer_state import AnswerEvent
+from app.api.chat_request import (
+    MAX_USER_CHARS,
+    ChatRequest,
+    StreamOptions,
+    refuse_unhonoured_fields,
+)
+from app.api.deps import require_role
+from app.api.routes_answer import MAX_REVISION, SSE_RESPONSE, get_pipeline
+from app.api.routes_chat import RagbudgetExtra, Usage, extra_of, finish_reason_of, start_answer, usage_of
+from app.conversation import Turn
+from app.pipeline import AnswerPipeline
+from foundation.errors import InvalidInput, UnsupportedParameter
+from generation.base import MAX_SEED
+from generation.stopping import normalize_stop
+
+router = APIRouter(tags=["openai"])
+
+#: Legacy completion fields accepted only with these values (or null): each value does nothing.
+COMPLETION_NEUTRAL: dict[str, list[Any]] = {
+    "n": [1],
+    "best_of": [1],
+    "echo": [False],
+    "suffix": [],
+    "logprobs": [],
+    "frequency_penalty": [0],
+    "presence_penalty": [0],
+    "logit_bias": [{}],
+}
+COMPLETION_REFUSED_BECAUSE = {
+    "n": "one choice per request is supported (n = 1)",
+    "best_of": "one candidate per request is generated (best_of = 1)",
+    "echo": "the prompt is not echoed",
+    "suffix": "insertion (suffix) is not supported",
+    "logprobs": "log probabilities are not returned",
+}
+
+
+class CompletionCreate(BaseModel):
+    """OpenAI's legacy completion request (see the module docstring for what each field does).
+
+    Types are strict; fields outside this model are refused by name
+    (:func:`app.api.chat_request.refuse_unhonoured_fields`).
+    """
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    model: str = Field("ragbudget", description="a model id from GET /v1/models")
+    prompt: Any = Field(..., description="the question: a string, or a list of one string")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="0 or absent: greedy")
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="0..2**53-1")
+    stop: str | list[str] | None = Field(None, description="a string or up to 4 strings")
+    user: str | None = Field(None, max_length=MAX_USER_CHARS, description="recorded in the receipt")
+    ttft_budget_ms: float | None = Field(None, description="ragbudget: TTFT budget in ms")
+    revision: int | None = Field(None, ge=1, le=MAX_REVISION, description="ragbudget: corpus revision")
+    on_budget_miss: Literal["answer", "reject"] | None = Field(
+        None, description="ragbudget: when even k=0 cannot make the budget, answer anyway (flagged) "
+        "or refuse with 503 budget_unreachable; default: the server's setting")
+
+
+def to_completion_request(body: CompletionCreate) -> ChatRequest:
+    """``body`` as the one-user-turn chat request the answer path takes.
+
+    Raises:
+        UnsupportedParameter: a field other than the honoured ones with a value that would
+            change anything; a prompt of token ids or of several strings (``param`` ``prompt``).
+        InvalidInput: ``stream_options`` without ``stream``; ``invalid_stop``.
+    """
+    refuse_unhonoured_fields(dict(body.model_extra or {}), COMPLETION_NEUTRAL, COMPLETION_REFUSED_BECAUSE)
+    prompt = body.prompt
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        raise UnsupportedParameter("one prompt string per request is supported", param="prompt")
+    if not isinstance(prompt, str):
+        raise UnsupportedParameter("prompt must be a string (token ids are not supported)", param="prompt")
+    if body.stream_options is not None:
+        if not body.stream:
+            raise InvalidInput("stream_options is only allowed with stream: true",
+                               code="invalid_request", param="stream_options")
+        for name in body.stream_options.model_extra or {}:
+            raise UnsupportedParameter(f"stream_options.{name} is not supported",
+                                       param=f"stream_options.{name}")
+    return ChatRequest(
+        model=body.model, question=prompt, question_name=None, history=[],
+        messages=[Turn("user", prompt)], stream=body.stream,
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        max_new_tokens=body.max_tokens, temperature=body.temperature or 0.0,
+        top_p=body.top_p if body.top_p is not None else 1.0, seed=body.seed,
+        stop=normalize_stop(body.stop), user=body.user, ttft_budget_ms=body.ttft_budget_ms,
+        revision=body.revision, on_budget_miss=body.on_budget_miss)
+
+
+class CompletionChoice(BaseModel):
+    """The one choice of a non-streamed legacy completion."""
+
+    index: int = 0
+    text: str
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+
+
+class TextCompletion(BaseModel):
+    """A non-streamed OpenAI ``text_completion`` with the ``ragbudget`` extra field."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(description="Unix time, seconds")
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    ragbudget: RagbudgetExtra
+
+
+@router.post("/v1/completions", dependencies=[Depends(require_role("copilot"))],
+             response_model=TextCompletion, responses=SSE_RESPONSE)
+async def completions(body: CompletionCreate, request: Request, response: Response,
+                      x_ttft_budget_ms: float | None = Header(None),
+                      x_ragbudget_on_budget_miss: str | None = Header(
+                          None, description="answer or reject (the body field wins)"),
+                      pipeline: AnswerPipeline = Depends(get_pipeline)) -> Any:
+    """OpenAI legacy completion answered by the RAG pipeline (see the module docstring).
+
+    Errors (OpenAI's shape, ``param`` naming the field): 400 ``unsupported_parameter``,
+    ``context_length_exceeded`` (``param`` ``prompt``: the prompt alone fills the window;
+    ``max_tokens``: the tokens asked for do not fit beside it), ``empty_question``,
+    ``invalid_stop``, ...; 404 ``model_not_found``; 413 ``question_too_long``; 429 ``busy``
+    (Retry-After); 503 ``budget_unreachable``; as ``POST /v1/chat/completions``.
+    """
+    chat = to_completion_request(body)
+    cid = "cmpl-" + uuid.uuid4().hex
+    created = int(time.time())
+    first, events = await start_answer(chat, request, pipeline, x_ttft_budget_ms,
+                                       x_ragbudget_on_budget_miss, prompt_param="prompt")
+    if not chat.stream:
+        final = first
+        async for ev in events:
+            final = ev
+        s = final.summary
+        assert s is not None, "the pipeline ends every stream with a summary"
+        response.headers["X-Ragbudget-Receipt-Id"] = s.receipt_id or ""
+        return TextCompletion(id=cid, created=created, model=chat.model,
+                              choices=[CompletionChoice(text=s.text, finish_reason=finish_reason_of(s))],
+                              usage=usage_of(s), ragbudget=extra_of(s))
+
+    def chunk(text: str, finish: str | None = None, **extra: Any) -> bytes:
+        obj = {"id": cid, "object": "text_completion", "created": created, "model": chat.model,
+               "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+        obj.update(extra)
+        return f"data: {json.dumps(obj, ensure_ascii=False, default=str)}\n\n".encode()
+
+    async def gen() -> AsyncIterator[bytes]:
+        ev: AnswerEvent | None = first
+        try:
+            while ev is not None:
+                if ev.kind == "token":
+                    yield chunk(ev.text)
+                else:
+                    s = ev.summary
+                    assert s is not None, "final and error events carry the summary"
+                    if ev.kind == "error":
+                        err_obj = s.error.model_dump() if s.error is not None else None
+                        err = {"error": {"code": "generation_failed", "message": str(err_obj)}}
+                        yield f"data: {json.dumps(err)}\n\n".encode()
+                    yield chunk("", finish_reason_of(s), ragbudget=extra_of(s).model_dump(mode="json"))
+                    if chat.include_usage:
+                        usage = {"id": cid, "object": "text_completion", "created": created,
+                                 "model": chat.model, "choices": [],
+                                 "usage": usage_of(s).model_dump(mode="json")}
+                        yield f"data: {json.dumps(usage)}\n\n".encode()
+                ev = await anext(events, None)
+        except Exception as exc:  # never a silent cut
+            err = {"error": {"code": getattr(exc, "code", "internal_error"), "message": str(exc)}}
+            yield f"data: {json.dumps(err)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(gen(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
