@@ -7,7 +7,8 @@ of OpenAI's Chat Completions request falls in one of three groups:
 * honoured: ``model`` (one of ``GET /v1/models``), ``messages`` (roles
   system, developer, user, assistant; content a string or a list of text
   parts, joined by newlines as vLLM does), ``stream``, ``stream_options``
-  (``include_usage``), ``max_tokens`` / ``max_completion_tokens``,
+  (``include_usage``; vLLM's ``continuous_usage_stats``: usage on every chunk),
+  ``max_tokens`` / ``max_completion_tokens``,
   ``temperature``, ``top_p``, ``seed`` (0 .. 2**53 - 1), ``stop`` (a string or
   up to 4), ``user`` (recorded in the receipt), and ragbudget's own
   ``ttft_budget_ms``, ``revision`` and ``on_budget_miss`` (``answer`` or
@@ -75,10 +76,12 @@ MESSAGE_NEUTRAL: dict[str, list[Any]] = {"tool_calls": [[]], "refusal": [], "nam
 
 
 class StreamOptions(BaseModel):
-    """``stream_options``; only ``include_usage`` (a final chunk with ``usage``) is honoured."""
+    """``stream_options``: ``include_usage`` (a final chunk with ``usage``) and vLLM's
+    ``continuous_usage_stats`` (with ``include_usage``: ``usage`` on every chunk, as vLLM)."""
 
     model_config = ConfigDict(strict=True, extra="allow")
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class ChatCompletionCreate(BaseModel):
@@ -132,6 +135,7 @@ class ChatRequest:
     ttft_budget_ms: float | None = None
     revision: int | None = None
     on_budget_miss: str | None = None
+    continuous_usage: bool = False  # usage on every chunk (include_usage and continuous_usage_stats)
 
 
 def _neutral(value: Any, allowed: list[Any]) -> bool:
@@ -232,4 +236,6 @@ def to_chat_request(body: ChatCompletionCreate) -> ChatRequest:
         max_new_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature or 0.0, top_p=body.top_p if body.top_p is not None else 1.0,
         seed=body.seed, stop=normalize_stop(body.stop), user=body.user,
-        ttft_budget_ms=body.ttft_budget_ms, revision=body.revision, on_budget_miss=body.on_budget_miss)
+        ttft_budget_ms=body.ttft_budget_ms, revision=body.revision, on_budget_miss=body.on_budget_miss,
+        continuous_usage=bool(body.stream_options and body.stream_options.include_usage
+                              and body.stream_options.continuous_usage_stats))
