@@ -35,6 +35,7 @@ from app.answer_types import (
     TokenCounts,
 )
 from app.plan_bands import batch_of
+from app.slots import hit_slots
 from foundation.errors import Conflict, InvalidInput
 from foundation.hashing import sha256_ints, sha256_text
 from foundation.provenance import software_versions, utc_now_iso
@@ -198,7 +199,7 @@ class AnswerReceipts:
                 prefill_ms=prefill_ms),
             tokens=TokenCounts(prompt=prompt_tokens, cached=cached_tokens,
                                computed=prompt_tokens - cached_tokens, output=n_out),
-            citations=[Citation.of(h) for h in p.retrieval.hits[:k]],
+            citations=Citation.of_hits(p.retrieval.hits, k),
             receipt_id=None, receipt_status="failed",  # until deliver() says otherwise
             finish_reason=_finish_reason(state, p.max_new_tokens, n_out), stop_sequence=state.stop,
         )
@@ -243,9 +244,11 @@ class AnswerReceipts:
                      + [{"role": "user", "content": p.request.question}], "user": p.request.user},
             retrieval={"k_candidates": r.k, "index": r.index, "query_truncated": r.query_truncated,
                        "query": p.query},
+            # each candidate's prompt slot (app.slots): what replay lays the prompt out from
             candidates=[{"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id,
                          "document_id": h.document_id, "version": h.version,
-                         "chunk_hash": h.chunk_hash} for h in r.hits],
+                         "chunk_hash": h.chunk_hash, "slot": slot}
+                        for h, slot in zip(r.hits, hit_slots(r.hits), strict=True)],
             plan={"budget_ms": p.budget_ms, "chosen_k": summary.chosen_k,
                   "binding": p.plan.binding,
                   "predicted_ttft_p50_ms": summary.predicted.ttft_p50_ms,

@@ -42,6 +42,8 @@ class AnswerRequest:
     stop: list[str] = field(default_factory=list)
     user: str | None = None
     on_budget_miss: str | None = None  # "answer" | "reject"; None: the configured default
+    ignore_eos: bool = False  # vLLM's: go on past end-of-text to max_new_tokens (generation.base)
+    min_tokens: int = 0  # vLLM's: no end-of-text before this many tokens (generation.base)
 
 
 @dataclass

@@ -38,12 +38,23 @@ class Citation(BaseModel):
     document_id: str
     version: int = Field(description="document version the chunk belongs to")
     chunk_hash: str = Field(description="sha256:<hex> of the chunk text")
+    slot: int | None = Field(None, description="the prompt slot [n] that shows this chunk's text "
+                             "(app.slots: candidates with the same text share one)")
 
     @classmethod
-    def of(cls, hit: Any) -> Citation:
+    def of(cls, hit: Any, slot: int | None = None) -> Citation:
         """From a :class:`retrieval.retriever.Hit` (or anything with the same attributes)."""
         return cls(rank=hit.rank, score=hit.score, chunk_id=str(hit.chunk_id),
-                   document_id=str(hit.document_id), version=hit.version, chunk_hash=hit.chunk_hash)
+                   document_id=str(hit.document_id), version=hit.version, chunk_hash=hit.chunk_hash,
+                   slot=slot)
+
+    @classmethod
+    def of_hits(cls, hits: list[Any], k: int | None = None) -> list[Citation]:
+        """Citations of ``hits`` (rank order) with their slots; with ``k``, only those shown in a
+        prompt of ``k`` slots (every source of each slot, copies included)."""
+        from app.slots import hit_slots
+
+        return [cls.of(h, n) for h, n in zip(hits, hit_slots(hits), strict=True) if k is None or n <= k]
 
 
 class AnswerError(BaseModel):

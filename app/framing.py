@@ -3,7 +3,8 @@
 A chat template (:mod:`generation.chat_template` decides which one) is rendered
 once with placeholder contents and split at the placeholders
 (:func:`derive_framing`); the plain-completion layout has a fixed framing
-(:func:`plain_framing`). :func:`find_markers` lists the marker-like strings that
+(:func:`plain_framing`). :func:`check_assistant_turn` refuses a template whose
+prompt would not end by opening the assistant's turn. :func:`find_markers` lists the marker-like strings that
 :class:`app.prompt.PromptBuilder` requires to be special tokens.
 """
 
@@ -41,8 +42,10 @@ class ChatFraming:
     system_supported: bool = True
 
 
-def render_chat_template(source: str, messages: list[dict[str, str]], **context: Any) -> str:
-    """Render a Jinja chat template as transformers does (sandboxed, trim/lstrip blocks)."""
+def render_chat_template(source: str, messages: list[dict[str, str]], *,
+                         add_generation_prompt: bool = True, **context: Any) -> str:
+    """Render a Jinja chat template as transformers does (sandboxed, trim/lstrip blocks); with the
+    generation prompt (the text that opens the assistant's turn) unless told otherwise."""
     from jinja2.exceptions import TemplateError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -55,7 +58,8 @@ def render_chat_template(source: str, messages: list[dict[str, str]], **context:
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
-    return str(env.from_string(source).render(messages=messages, add_generation_prompt=True, **context))
+    return str(env.from_string(source).render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                              **context))
 
 
 def derive_framing(source: str, special_tokens: dict[str, str] | None = None) -> ChatFraming:
@@ -80,6 +84,49 @@ def derive_framing(source: str, special_tokens: dict[str, str] | None = None) ->
         raise InvalidConfig("the chat template does not contain the message content verbatim")
     head, tail = text.split(_USR_PH)
     return ChatFraming(head, "\n\n", tail, False)
+
+
+def check_assistant_turn(source: str, special_tokens: dict[str, str] | None = None) -> None:
+    """Refuse a chat template whose prompt does not end where the assistant's turn starts.
+
+    The model writes the answer after the prompt, so the prompt must end by opening an
+    assistant turn (the template's ``add_generation_prompt`` block). Rendered for one user
+    message, the template must therefore
+
+    1. add text that is not only whitespace when ``add_generation_prompt`` is true (a
+       template without that block ends the prompt inside the user's turn, where the
+       model's most likely next token ends the turn: every answer comes back empty);
+    2. when it can render an assistant message, end where that message's content would
+       begin (one of the two a prefix of the other: templates may add an empty thinking
+       block to the generation prompt, or to the rendered turn).
+
+    Raises:
+        InvalidConfig (``chat_template_no_assistant_turn``): either rule is broken.
+    """
+    ctx = dict(special_tokens or {})
+    user = [{"role": "user", "content": _USR_PH}]
+    prompt = render_chat_template(source, user, **ctx)
+    without = render_chat_template(source, user, add_generation_prompt=False, **ctx)
+    fix = ("Give the template an {% if add_generation_prompt %} block that opens the assistant's "
+           "turn, or use the model's own or a bundled template (RAGBUDGET_CHAT_TEMPLATE)")
+    if prompt.rstrip() == without.rstrip():
+        raise InvalidConfig("the chat template has no generation prompt: rendered with "
+                            "add_generation_prompt it ends where the user's turn ends, so the model "
+                            f"would be asked to continue the user's turn and answer nothing. {fix}",
+                            code="chat_template_no_assistant_turn", rule="generation_prompt")
+    try:
+        turn = render_chat_template(source, [*user, {"role": "assistant", "content": _ASST_PH}],
+                                    add_generation_prompt=False, **ctx)
+    except Exception:  # noqa: BLE001 - a template that cannot render an assistant turn: rule 1 only
+        return
+    if turn.count(_ASST_PH) != 1:
+        return
+    opener = turn[:turn.index(_ASST_PH)]
+    if not (opener.startswith(prompt) or prompt.startswith(opener)):
+        raise InvalidConfig("the chat template's generation prompt does not open the assistant's "
+                            f"turn: the prompt ends {prompt[-40:]!r}, an assistant turn starts "
+                            f"{opener[-40:]!r}. {fix}", code="chat_template_no_assistant_turn",
+                            rule="assistant_turn")
 
 
 def _leading_bos_text(tokenizer: TextTokenizer) -> str:

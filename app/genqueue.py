@@ -4,8 +4,9 @@
 engine's ``max_running`` when it batches answers (``generation.scheduler``).
 A request waits in arrival order for a slot; when all slots are taken and
 ``queue_max`` requests are already waiting, a new one is refused at once with
-:class:`Busy` (HTTP 429 with Retry-After). A waiting request whose client goes away (``cancel``
-set) leaves the queue and frees its place.
+:class:`Busy` (HTTP 429, its Retry-After the predicted wait:
+:meth:`GenerationQueue.retry_after_ms`). A waiting request whose client goes away
+(``cancel`` set) leaves the queue and frees its place.
 
 Each place may carry a :class:`Ticket`, the request's predicted cost on the
 model (its prefill and ``max_new_tokens`` decode steps, from the latency
@@ -68,14 +69,15 @@ class GenerationQueue:
 
     Args:
         queue_max: how many requests may wait while all slots run (0: none may wait).
-        retry_after_s: the Retry-After hint given with :class:`Busy`.
+        retry_after_s: the least Retry-After given with :class:`Busy`, s; the hint is the
+            queue's own predicted wait (:meth:`retry_after_ms`) when that is longer.
         slots: generations running at once (>= 1).
 
     Raises:
         ValueError: ``slots < 1``.
     """
 
-    def __init__(self, queue_max: int, retry_after_s: float = 2.0, slots: int = 1) -> None:
+    def __init__(self, queue_max: int, retry_after_s: float = 1.0, slots: int = 1) -> None:
         if slots < 1:
             raise ValueError("slots must be >= 1")
         self.queue_max = queue_max
@@ -153,15 +155,20 @@ class GenerationQueue:
         those behind it (and, once it runs, updated by the caller as tokens come).
 
         Raises:
-            Busy: the waiting line is full.
+            Busy: the waiting line is full; ``retry_after_s`` is the predicted wait until the
+                running and waiting answers have released the model (:meth:`retry_after_ms`),
+                at least the queue's ``retry_after_s``.
             Cancelled: ``cancel`` was set while waiting (the place is freed).
         """
         t0 = time.perf_counter()
         token: object = ticket if ticket is not None else object()
         with self._cond:
             if self._full() and len(self._waiting) >= self.queue_max:
-                raise Busy(f"generation queue is full ({self.queue_max} waiting)",
-                           retry_after_s=self.retry_after_s, queue_max=self.queue_max)
+                wait_ms = self.retry_after_ms()  # the line ahead drained: room for the retry
+                raise Busy(f"generation queue is full ({self.queue_max} waiting); predicted wait "
+                           f"{wait_ms / 1000.0:.1f} s",
+                           retry_after_s=max(self.retry_after_s, wait_ms / 1000.0),
+                           queue_max=self.queue_max, predicted_wait_ms=wait_ms)
             self._waiting.append(token)
             try:
                 while self._full() or self._waiting[0] is not token:

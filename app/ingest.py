@@ -24,6 +24,7 @@ from foundation.errors import InvalidInput, RagBudgetError, TooLarge
 from retrieval.chunking import ChunkerConfig
 from retrieval.corpus import FetchResult
 from retrieval.document_ids import check_document_id, printable
+from retrieval.folders import FolderWalk
 from retrieval.store import IngestItem, IngestReport, ItemResult
 
 #: Where the shipped ``.deb`` files of the real corpus are looked for first
@@ -50,53 +51,26 @@ class IngestOutcome:
         return out
 
 
-def _walk(root: Path, follow_symlinks: bool) -> tuple[list[Path], list[tuple[Path, str, str]]]:
-    """Files under directory ``root`` (sorted, hidden parts skipped) and ``(path, code, reason)``
-    for entries refused before reading: a symbolic link whose target lies outside ``root``
-    (``symlink_outside``, unless ``follow_symlinks``) and anything that is not a regular file
-    or directory (``not_regular_file``: a FIFO, a device, a socket)."""
-    base = root.resolve()
-    files: list[Path] = []
-    refused: list[tuple[Path, str, str]] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=follow_symlinks):
-        here = Path(dirpath)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for d in list(dirnames):
-            p = here / d
-            if p.is_symlink() and not follow_symlinks:
-                dirnames.remove(d)
-                if not p.resolve().is_relative_to(base):
-                    refused.append((p, "symlink_outside", "a symbolic link out of the ingest directory "
-                                    "(--follow-symlinks to follow it)"))
-        for name in sorted(filenames):
-            if name.startswith("."):
-                continue
-            p = here / name
-            if p.is_symlink() and not follow_symlinks and not p.resolve().is_relative_to(base):
-                refused.append((p, "symlink_outside", "a symbolic link out of the ingest directory "
-                                "(--follow-symlinks to follow it)"))
-            elif not p.is_file():
-                refused.append((p, "not_regular_file", "not a regular file"))
-            else:
-                files.append(p)
-    return sorted(files), refused
-
-
 def collect_files(paths: Sequence[Path], max_bytes: int, document_id: str | None = None, *,
                   follow_symlinks: bool = False) -> tuple[list[IngestItem], list[ItemResult]]:
-    """Files under ``paths`` as ``IngestItem``s, plus ``ItemResult`` rejections found before reading.
+    """Files under ``paths`` as ``IngestItem``s, plus ``ItemResult``s for the paths not taken.
 
     A directory is its own ingest root (ids are paths relative to it, ``/``-separated,
-    NFC-normalised; hidden files and directories are skipped); a file's root is its
-    parent, so its id is its name, or ``document_id`` when given (one file only). A
-    file whose id breaks the grammar (``invalid_document_id``, e.g. a name that is not
-    valid UTF-8), over ``max_bytes`` (``too_large``), with an unsupported suffix
-    (``unsupported_type``), or unreadable (``unreadable``) is rejected on its own, as
-    is a missing path (``not_found``), a path that exists but is neither a regular file
-    nor a directory (``not_regular_file``, e.g. ``/dev/zero``) and, inside a directory, a
-    symbolic link whose target is outside it (``symlink_outside``; followed only with
-    ``follow_symlinks``); the other files are still returned. Rejected ids and paths are
-    shown with :func:`retrieval.document_ids.printable`.
+    NFC-normalised; hidden files and directories are skipped), walked by
+    :class:`retrieval.folders.FolderWalk`: each real file is read once, whatever number of
+    symbolic or hard links reach it, and a symbolic link loop is never followed. A file's
+    root is its parent, so its id is its name, or ``document_id`` when given (one file only).
+
+    ``skipped`` (nothing wrong with it, it is covered already): ``symlink_loop``,
+    ``duplicate_directory``, ``duplicate_file``, ``symlink_not_followed``. ``rejected``, each
+    on its own, the other files still returned: an id that breaks the grammar
+    (``invalid_document_id``, e.g. a name that is not valid UTF-8), over ``max_bytes``
+    (``too_large``), an unsupported suffix (``unsupported_type``), unreadable
+    (``unreadable``), a missing path (``not_found``), a path that is neither a regular file
+    nor a directory (``not_regular_file``, e.g. ``/dev/zero``), a dangling symbolic link
+    (``broken_symlink``) and, inside a directory, a symbolic link whose target is outside it
+    (``symlink_outside``; followed only with ``follow_symlinks``). Ids and paths in results
+    are shown with :func:`retrieval.document_ids.printable`.
 
     Raises:
         InvalidInput: ``document_id`` given with anything but exactly one file path.
@@ -110,14 +84,14 @@ def collect_files(paths: Sequence[Path], max_bytes: int, document_id: str | None
             raise InvalidInput("--id needs exactly one regular file path")
     found: list[tuple[str, Path]] = []
     rejected: list[ItemResult] = []
+    walker = FolderWalk(follow_symlinks)
     for root in paths:
         if root.is_dir():
-            files, refused = _walk(root, follow_symlinks)
-            found.extend((f.relative_to(root).as_posix(), f) for f in files)
-            for f, code, reason in refused:
-                shown = printable(f.relative_to(root).as_posix())
-                rejected.append(ItemResult(shown, "rejected", reason=f"{reason}: {printable(str(f))}",
-                                           code=code))
+            files, passed = walker.walk(root)
+            found.extend(files)
+            for x in passed:
+                rejected.append(ItemResult(printable(x.rel), x.status, reason=f"{x.reason}: "
+                                           f"{printable(str(x.path))}", code=x.code))
         elif root.is_file():
             found.append((document_id or root.name, root))
         elif root.exists():
@@ -201,8 +175,8 @@ class IngestService:
                note: str | None = None, progress: bool | Callable[[int, int], None] = False,
                rejected: Sequence[ItemResult] = (), max_documents: int | None = None) -> IngestOutcome:
         """Ingest ``items`` and tombstone ``delete_ids`` as one batch (one transaction, at most one
-        revision); ``rejected`` (found before reading, e.g. by :meth:`collect`) is appended to the
-        report's results so the caller sees the whole batch.
+        revision); ``rejected`` (paths refused or skipped before reading, e.g. by
+        :meth:`collect`) is appended to the report's results so the caller sees the whole batch.
 
         Raises:
             TooLarge (``too_many_documents``): more than ``max_documents`` items plus deletions.
@@ -232,7 +206,8 @@ class IngestService:
         """Ingest the files under ``paths`` (see :func:`collect_files`) as one batch.
 
         With ``delete_missing``, live documents whose ids were not found under
-        ``paths`` (neither ingested nor rejected) are tombstoned in the same batch.
+        ``paths`` (neither ingested nor rejected; a skipped path, e.g. a second link to a
+        file, counts as not found) are tombstoned in the same batch.
 
         Raises:
             InvalidInput: ``document_id`` with anything but one file path.
@@ -245,7 +220,10 @@ class IngestService:
             from foundation.db import read_session
             from retrieval.store import latest_revision, state_at
 
-            present = {it.document_id for it in items} | {r.document_id for r in rejected}
+            # a path rejected now (unreadable for a moment) keeps its document; a skipped one is
+            # covered by another path (a loop, a second link to a file), so it is no document
+            present = ({it.document_id for it in items}
+                       | {r.document_id for r in rejected if r.status == "rejected"})
             with read_session(self.services.engine) as s:
                 delete_ids = [v.document_id for v in state_at(s, latest_revision(s))
                               if v.document_id not in present]

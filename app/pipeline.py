@@ -85,7 +85,7 @@ from app.validation import (
     check_on_budget_miss,
     check_question,
 )
-from foundation.errors import BudgetUnreachable, TooLarge
+from foundation.errors import BudgetUnreachable, ContextLengthExceeded
 from generation.base import ON_SUBMIT, PREFILL_ORDER, GenerationStats, GenParams, TokenEvent
 from generation.stopping import StopMatcher
 from latency_model.planner import Plan, PrefillBand
@@ -97,6 +97,8 @@ if TYPE_CHECKING:
     from retrieval.retriever import Hit
 
 log = logging.getLogger("ragbudget.pipeline")
+#: The id of this server's one engine in the fleet planner (:func:`latency_model.fleet.choose`).
+ENGINE_ID = "default"
 
 
 class AnswerPipeline:
@@ -166,10 +168,12 @@ class AnswerPipeline:
 
     @staticmethod
     def prompt_chunks(hits: list[Hit]) -> list[PromptChunk]:
-        """Prompt chunks (document id, version, text) for retrieval hits, in rank order."""
-        from app.prompt import PromptChunk
+        """The prompt slots of retrieval hits (:func:`app.slots.prompt_slots`), in slot order: one
+        :class:`PromptChunk` per distinct chunk text, citing every hit that has it. A prompt of k
+        slots is the first k of the slots of *all* the candidates, never the slots of ``hits[:k]``."""
+        from app.slots import prompt_slots
 
-        return [PromptChunk(document_id=h.document_id, version=h.version, text=h.text) for h in hits]
+        return prompt_slots(hits)
 
     # --- advise ------------------------------------------------------------------
     def prepare(self, req: AnswerRequest, arrival_t: float | None = None,
@@ -183,8 +187,11 @@ class AnswerPipeline:
         picks is provisional (:meth:`bind` picks again when the model is free).
 
         Raises:
-            InvalidInput: empty/over-long question, bad budget, k_max, max_new_tokens or
-                on_budget_miss.
+            InvalidInput: empty/over-long question, bad budget, k_max, max_new_tokens,
+                on_budget_miss, or sampling parameters outside their ranges
+                (``invalid_sampling_parameter``, :meth:`GenParams.validate`).
+            ContextLengthExceeded: the prompt without a chunk fills the context window, or
+                ``max_new_tokens`` asked for does not fit beside it (:meth:`_fit_window`).
             UnknownRevision: ``req.revision`` does not exist.
         """
         arrival_t = arrival_t if arrival_t is not None else time.perf_counter()
@@ -192,6 +199,7 @@ class AnswerPipeline:
         question = check_question(s, req.question)
         budget = check_budget(s, req.ttft_budget_ms)
         max_new = check_max_new_tokens(s, req.max_new_tokens)
+        self.gen_params(req, max_new)  # refused here, before retrieval and before the queue
         k_cap = check_k(s, req.k_max, s.retrieval_candidates)
         check_on_budget_miss(req.on_budget_miss)
         check_roles(req.history)
@@ -202,10 +210,8 @@ class AnswerPipeline:
         scaffold, builder = self.scaffold_and_builder()
         gen = self.services.generator
         full = builder.build(scaffold.text, self.prompt_chunks(result.hits), question, req.history)
-        if full.prompt_tokens_for(0) >= gen.context_window:
-            raise TooLarge(f"the conversation and question take {full.prompt_tokens_for(0)} prompt tokens; "
-                           f"the context window is {gen.context_window}", code="context_length_exceeded",
-                           prompt_tokens=full.prompt_tokens_for(0), context_window=gen.context_window)
+        max_new = self._fit_window(full.prompt_tokens_for(0), max_new, req.max_new_tokens is None,
+                                   int(gen.context_window))
         cached = bool(gen.prefix_cached(full.scaffold_ids))
         profile = self.profile()
         planner_profile, correction = self.bands.planner_profile(profile)
@@ -215,7 +221,7 @@ class AnswerPipeline:
         plan = self._plan(full, cached, budget, max_new, planner_profile,
                           overhead_ms + (wait_ms if self.late_binding else 0.0))
         k = plan.chosen_k if plan.chosen_k is not None else 0
-        prompt = builder.build(scaffold.text, self.prompt_chunks(result.hits[:k]), question, req.history)
+        prompt = builder.build(scaffold.text, self.prompt_chunks(result.hits)[:k], question, req.history)
         t2 = time.perf_counter()
         if question != req.question:
             req = replace(req, question=question)
@@ -230,17 +236,51 @@ class AnswerPipeline:
             correction=correction,
         )
 
+    @staticmethod
+    def _fit_window(prompt_tokens: int, max_new: int, defaulted: bool, window: int) -> int:
+        """The output tokens an answer may take beside its prompt without a retrieved chunk.
+
+        ``prompt_tokens``: scaffold, conversation, question and chat framing (k = 0);
+        ``max_new``: the output tokens asked for, or the server's default when ``defaulted``
+        (then cut to what the window leaves, as vLLM does when ``max_tokens`` is absent);
+        ``window``: the model's context window. Returns ``max_new``, cut when defaulted.
+
+        Raises:
+            ContextLengthExceeded: the prompt alone fills the window (``field`` ``question``),
+                or ``max_new`` asked for does not fit beside it (``field`` ``max_new_tokens``):
+                refused before the request queues, never cut short after its first token.
+        """
+        fits = window - prompt_tokens
+        if fits >= max_new:
+            return max_new
+        if fits >= 1 and defaulted:
+            return fits
+        field = "question" if fits < 1 else "max_new_tokens"
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {window} tokens. However, you requested "
+            f"{prompt_tokens + max_new} tokens ({prompt_tokens} in the prompt, {max_new} for the "
+            f"output). Please reduce the length of the "
+            f"{'messages' if field == 'question' else 'output (max tokens)'}.",
+            field=field, prompt_tokens=prompt_tokens, max_new_tokens=max_new, context_window=window)
+
     def _plan(self, full: Prompt, cached: bool, budget: float, max_new: int,
               profile: PrefillBand, overhead_ms: float) -> Plan:
-        """The planner over all K candidates of ``full`` with ``overhead_ms`` already gone."""
-        from latency_model.planner import plan as make_plan
+        """The planner over all K candidates of ``full`` with ``overhead_ms`` already gone.
 
-        return make_plan(
-            question_tokens=full.question_tokens, scaffold_tokens=full.scaffold_len,
-            scaffold_cached=cached, chunk_tokens=list(full.chunk_token_counts), budget_ms=budget,
-            profile=profile, max_new_tokens=max_new, context_window=self.services.generator.context_window,
-            overhead_ms=overhead_ms, extra_tokens=full.framing_tokens + full.history_tokens,
-        )
+        Planned through the fleet planner (:func:`latency_model.fleet.choose`) with this
+        server's one engine, whose wait is already inside ``overhead_ms``: exactly the
+        single-engine plan (``tests/latency_model/test_fleet.py`` pins that).
+        """
+        from latency_model.fleet import EngineView, choose
+
+        engine = EngineView(ENGINE_ID, profile, 0.0, self.services.generator.context_window,
+                            scaffold_cached=cached)
+        choice = choose([engine], question_tokens=full.question_tokens,
+                        scaffold_tokens=full.scaffold_len, chunk_tokens=list(full.chunk_token_counts),
+                        budget_ms=budget, max_new_tokens=max_new, overhead_ms=overhead_ms,
+                        extra_tokens=full.framing_tokens + full.history_tokens)
+        assert choice.plan is not None, "a healthy engine always has a plan"
+        return choice.plan
 
     def bind(self, p: Prepared, now_t: float | None = None, arrival_key: int | None = None) -> Prepared:
         """Late binding: choose k now that the request has the model; return the updated request.
@@ -267,7 +307,7 @@ class AnswerPipeline:
         if k != (p.plan.chosen_k or 0):
             _, builder = self.scaffold_and_builder()
             r = p.request
-            prompt = builder.build(p.scaffold.text, self.prompt_chunks(p.retrieval.hits[:k]),
+            prompt = builder.build(p.scaffold.text, self.prompt_chunks(p.retrieval.hits)[:k],
                                    r.question, r.history)
         timings = dict(p.timings_ms)
         timings["planning_ms"] = timings.get("planning_ms", 0.0) + (time.perf_counter() - t0) * 1000.0
@@ -281,6 +321,17 @@ class AnswerPipeline:
         row = p.plan.rows[k]
         return Ticket(prefill_ms=row.ttft_p50_ms, tpot_ms=p.profile.predict_tpot_ms(row.prompt_tokens),
                       max_new_tokens=p.max_new_tokens)
+
+    @staticmethod
+    def gen_params(req: AnswerRequest, max_new_tokens: int) -> GenParams:
+        """The decoding parameters of ``req`` with its resolved ``max_new_tokens``, checked.
+
+        Raises:
+            InvalidInput: ``invalid_sampling_parameter`` (:meth:`GenParams.validate`).
+        """
+        return GenParams(max_new_tokens=max_new_tokens, temperature=req.temperature,
+                         top_p=req.top_p, seed=req.seed, ignore_eos=req.ignore_eos,
+                         min_tokens=req.min_tokens).validate()
 
     def _arrive(self, req: AnswerRequest, arrival_t: float) -> int | None:
         """Count ``req`` as arrived (:meth:`Arrivals.arrive`) with its budget and decode length;
@@ -303,7 +354,10 @@ class AnswerPipeline:
         Raises:
             BudgetUnreachable: 503 with the predicted TTFT and a Retry-After (the queue's
                 :meth:`GenerationQueue.retry_after_ms`: its predicted wait, or with a free place
-                the time until a running answer ends; at least 1 s).
+                the time until a running answer ends; at least 1 s); ``retryable`` False when
+                no retry can help: the time spent before any wait (``timings_ms["overhead_ms"]``)
+                plus k = 0's prefill p50 on an idle engine (:meth:`PlanBands.alone`) is over the
+                budget too.
         """
         row = p.plan.rows[0]
         predicted = spent_ms + wait_ms + row.ttft_p50_ms
@@ -311,10 +365,17 @@ class AnswerPipeline:
             return
         self.metrics.rejections.labels(where=where).inc()
         retry_s = max(1.0, self.queue.retry_after_ms() / 1000.0)
+        scaffold = int(p.full_prompt.scaffold_len)
+        idle_p50 = float(self.bands.alone(p.profile).predict_ttft_many(
+            [row.prompt_tokens], [row.cached_tokens], [scaffold])[0][0])
+        idle_ms = p.timings_ms.get("overhead_ms", 0.0) + idle_p50
         raise BudgetUnreachable(
             f"even k=0 is predicted to take {predicted:.0f} ms to the first token (p50), over the "
-            f"{p.budget_ms:.0f} ms budget", retry_after_s=retry_s, predicted_ttft_ms=predicted,
-            budget_ms=p.budget_ms, predicted_wait_ms=wait_ms, where=where)
+            f"{p.budget_ms:.0f} ms budget" + ("" if idle_ms <= p.budget_ms else
+                                              f"; {idle_ms:.0f} ms with the model idle: a retry "
+                                              "cannot make it"),
+            retry_after_s=retry_s, predicted_ttft_ms=predicted, retryable=idle_ms <= p.budget_ms,
+            idle_ttft_ms=idle_ms, budget_ms=p.budget_ms, predicted_wait_ms=wait_ms, where=where)
 
     def advise(self, req: AnswerRequest, arrival_t: float | None = None,
                auth_ms: float | None = None) -> Advice:
@@ -330,7 +391,7 @@ class AnswerPipeline:
             question=p.request.question, ttft_budget_ms=p.budget_ms,
             revision=p.retrieval.revision, plan=PlanPublic.of(p.plan),
             profile=ProfileRef(id=p.profile.id, source=p.profile.source),
-            candidates=[Citation.of(h) for h in p.retrieval.hits],
+            candidates=Citation.of_hits(p.retrieval.hits),
             prompt_tokens=p.prompt.prompt_tokens, scaffold_cached=p.scaffold_cached,
             timings=AdviceTimings(**p.timings_ms),
             predicted_wait_ms=p.predicted_wait_ms, queue_depth=p.queue_depth,
@@ -377,8 +438,7 @@ class AnswerPipeline:
         # many it runs at once; any other runs one at a time.
         self.queue.slots = max(1, int(getattr(gen, "max_running", 1) or 1))
         # resolved(): a sampling request without a seed gets one drawn now, so it is recorded.
-        params = GenParams(max_new_tokens=prepared.max_new_tokens, temperature=req.temperature,
-                           top_p=req.top_p, seed=req.seed).resolved()
+        params = self.gen_params(req, prepared.max_new_tokens).resolved()
         state = InFlight()
         # Stop strings are cut here, on the decoded text of whatever backend streams it, and
         # the same way in replay (app.receipt_wiring): one place, generation.stopping.

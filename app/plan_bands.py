@@ -136,6 +136,16 @@ class PlanBands:
             return corrected, corrected.state
         return band, None
 
+    def alone(self, profile: Profile) -> PrefillBand:
+        """The band a plan gets with the engine idle: the fitted profile with no running batch,
+        under the online correction's alone group when that is on (:meth:`planner_profile`
+        as it would be with nothing running). What tells a refusal that waiting cannot help."""
+        if self._pipeline.online_correction:
+            use = bool(self._pipeline.live_speed)
+            return CorrectedProfile(profile, self.corrections.get(profile.id),
+                                    self.live_speed(profile) if use else None, use, ALONE)
+        return profile
+
     def live_speed(self, profile: Profile, since_t: float | None = None,
                    until_t: float | None = None) -> float | None:
         """The machine's speed from the local engine's timed steps (1.0: as at calibration).

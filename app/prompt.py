@@ -3,9 +3,10 @@
 The scaffold (system prompt + fixed instructions, stored in the ``scaffolds``
 table with its hash) is the stable front of every prompt, so its KV cache can be
 reused. Its ids end at a chat-template boundary: the system turn is closed and
-the user-turn header written. Then come the chosen chunks in rank order, each
-labelled ``[n] (doc <id> v<version>)`` and separated by blank lines, then the question, then the user-turn
-end and the assistant header.
+the user-turn header written. Then come the chosen chunks in rank order, one per
+prompt slot (:mod:`app.slots`: identical texts share one), each labelled
+``[n] (doc <id> v<version>)`` (``; also doc <id> v<version>, ...`` for the copies) and
+separated by blank lines, then the question, then the user-turn end and the assistant header.
 
 A chat request's own system messages and earlier turns (the conversation)
 come right after the scaffold, so the scaffold stays the cached prefix of every
@@ -57,6 +58,7 @@ from sqlalchemy.exc import IntegrityError
 from app.conversation import Turn, prompt_turns
 from app.framing import (
     TurnFraming,
+    check_assistant_turn,
     derive_framing,
     derive_turn_framing,
     find_markers,
@@ -135,11 +137,13 @@ def get_scaffold(engine: Engine, scaffold_id: int) -> Scaffold:
 
 @dataclass(frozen=True)
 class PromptChunk:
-    """A retrieved chunk as shown to the model."""
+    """A retrieved chunk as shown to the model: one prompt slot (:mod:`app.slots`); ``also`` holds
+    ``(document id, version)`` of the other candidates with the same text."""
 
     document_id: int | str
     version: int
     text: str
+    also: tuple[tuple[int | str, int], ...] = ()
 
 
 @dataclass
@@ -182,7 +186,9 @@ class PromptBuilder:
 
     Raises:
         InvalidConfig: no template (code ``no_chat_template``); a template that does not
-            echo the message contents; a marker that is not one special token of the
+            echo the message contents; a template whose prompt does not end by opening the
+            assistant's turn (code ``chat_template_no_assistant_turn``,
+            :func:`app.framing.check_assistant_turn`); a marker that is not one special token of the
             tokenizer (code ``chat_template_mismatch``).
     """
 
@@ -201,6 +207,7 @@ class PromptBuilder:
             self.framing = plain_framing(tokenizer)
         else:
             self.framing = derive_framing(self.template.source, specials)
+            check_assistant_turn(self.template.source, specials)
             self.turns = derive_turn_framing(self.template.source, specials, self.framing.system_supported)
         nl = tokenizer.encode("\n")
         # SentencePiece adds a prefix space at the start of every encode; encode after a newline instead.
@@ -287,12 +294,14 @@ class PromptBuilder:
         The blank line between parts opens the next segment instead of closing the
         previous one: byte-level BPE pre-tokenisers split ``"\\n\\n["`` differently
         from a trailing ``"\\n\\n"``, so this way the ids match what the model's
-        own chat template would produce for the same text. ``after_text``: the
+        own chat template would produce for the same text. A slot with copies names them:
+        ``[n] (doc a v1; also doc b v1, doc c v2)``. ``after_text``: the
         user turn already holds text (client instructions, an earlier user
         message), so the first chunk opens with a blank line too.
         """
         sep = "\n\n" if rank > 1 or after_text else ""
-        return f"{sep}[{rank}] (doc {chunk.document_id} v{chunk.version})\n{chunk.text}"
+        also = "".join(f"{', ' if i else '; also '}doc {d} v{v}" for i, (d, v) in enumerate(chunk.also))
+        return f"{sep}[{rank}] (doc {chunk.document_id} v{chunk.version}{also})\n{chunk.text}"
 
     @staticmethod
     def question_segment(question: str) -> str:

@@ -143,7 +143,8 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
       prompt token for token from the recorded scaffold (looked up by hash), the
       recorded conversation (``request.messages`` before the question, format
       version 2), the cited chunks ``hits`` (rank order, texts from the stored
-      document versions) and the recorded question.
+      document versions) laid out in their recorded prompt slots (``candidates[].slot``;
+      one slot per chunk for a receipt from before slots) and the recorded question.
     * ``regenerate(body) -> {"token_ids", "token_ids_hash", "text", "environment"}``
       generates again with the recorded parameters (greedy unless a seed was
       recorded) on that rebuilt prompt, cut at the recorded stop strings exactly as
@@ -153,7 +154,8 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
         NotFound: the recorded scaffold is not in the database.
     """
     from app.conversation import Turn
-    from app.prompt import PromptChunk, scaffold_by_hash
+    from app.prompt import scaffold_by_hash
+    from app.slots import prompt_slots
     from foundation.errors import BackendError, NotFound
     from foundation.hashing import sha256_ints
     from generation.base import GenParams
@@ -166,8 +168,10 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
             raise NotFound(f"scaffold {sc['hash']} is not stored", code="unknown_scaffold")
         # The generator's tokenizer without loading the generator (a plain replay needs no model).
         builder = services.prompt_builder
-        chunks = [PromptChunk(document_id=_attr(h, "document_id"), version=_attr(h, "version"),
-                              text=_attr(h, "text")) for h in hits]
+        # the recorded slots (app.slots); a receipt from before slots showed one per candidate
+        slots = [_attr(h, "slot") for h in hits]
+        chunks = prompt_slots(hits, slots if all(n is not None for n in slots)
+                              else list(range(1, len(hits) + 1)))
         messages = (body.get("request") or {}).get("messages") or []
         history = [Turn(m["role"], m["content"]) for m in messages[:-1]]
         return builder.build(row.text, chunks, body["question"], history)
@@ -183,8 +187,8 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
         prompt = _prompt(body, hits)
         gen = services.generator
         p = body["generator"]["params"]
-        params = GenParams(max_new_tokens=int(p["max_new_tokens"]), temperature=float(p["temperature"]),
-                           top_p=float(p["top_p"]), seed=p.get("seed"))
+        params = GenParams.from_dict({**p, "temperature": float(p["temperature"]),
+                                      "top_p": float(p["top_p"])})
         stopper, events, per_event = StopMatcher(list(p.get("stop") or [])), 0, True
         recorded = (body["generator"].get("engine") or {}).get("prefill_chunk")
         if recorded and gen.identity.get("backend") == "local":

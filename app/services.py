@@ -154,7 +154,8 @@ def build_generator(settings: Settings, services: Services) -> Generator:
         gen = RemoteGenerator(settings.remote_base_url, settings.remote_model,
                               tokenizer=services.tokenizer, api_key=settings.remote_api_key,
                               tokenizer_source=settings.remote_tokenizer,
-                              context_window=settings.remote_context_window, stop_token_ids=stop_ids)
+                              context_window=settings.remote_context_window, stop_token_ids=stop_ids,
+                              max_running=settings.remote_max_running)
     else:
         from generation.assets import PACKAGED_GENERATOR_ID
         from generation.local import LocalGenerator

@@ -6,11 +6,16 @@ Every field can be set from the environment with the ``RAGBUDGET_`` prefix
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# An origin as browsers send it (RFC 6454): scheme, host (a '*.' prefix matches subdomains), port.
+_ORIGIN = re.compile(r"https?://(\*\.)?[a-z0-9.-]+(:[0-9]{1,5})?|https?://\[[0-9a-f:.]+\](:[0-9]{1,5})?")
 
 
 class Settings(BaseSettings):
@@ -70,6 +75,10 @@ class Settings(BaseSettings):
     remote_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. "
                                         "http://127.0.0.1:8001/v1 (vLLM, SGLang).")
     remote_model: str | None = None
+    remote_max_running: int | None = Field(None, ge=1, le=4096, description="Remote engine: "
+                                           "requests sent at once. Unset: the server's own "
+                                           "slot count (llama.cpp /props total_slots), else 1; "
+                                           "set it for vLLM or SGLang, which batch.")
     remote_api_key: str | None = None
     remote_tokenizer: str | None = Field(None, description="Local HF tokenizer directory or a "
                                          "tiktoken encoding name for the remote model.")
@@ -145,6 +154,17 @@ class Settings(BaseSettings):
                                    "after this long without a request (seconds).")
     ui_session_max_s: int = Field(12 * 3600, ge=60, le=30 * 86400, description="A console session "
                                   "ends this long after sign-in, however active (seconds).")
+    trusted_proxies: str = Field("", description="Reverse proxies whose X-Forwarded-For, "
+                                 "X-Forwarded-Proto and X-Forwarded-Host headers are believed: "
+                                 "comma-separated IP addresses and CIDR networks of the connecting "
+                                 "peer (e.g. 127.0.0.1,10.0.0.0/8), or '*' for every peer (only when "
+                                 "nothing but the proxy can reach the server); empty: forwarded "
+                                 "headers are ignored. docs/console.md, 'Behind a reverse proxy'.")
+    trusted_origins: str = Field("", description="Origins besides the server's own that the "
+                                 "console's CSRF origin check accepts, comma-separated "
+                                 "scheme://host[:port] (e.g. https://ragbudget.example.com); a host "
+                                 "starting with '*.' matches its subdomains (Django's "
+                                 "CSRF_TRUSTED_ORIGINS).")
 
     @field_validator("otlp_endpoint")
     @classmethod
@@ -155,12 +175,54 @@ class Settings(BaseSettings):
             raise ValueError(f"otlp_endpoint must be an http:// or https:// URL, got {value!r}")
         return value
 
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: str) -> str:
+        """Each entry an IP address or CIDR network, or ``*`` alone; refused at start otherwise."""
+        entries = split_list(value)
+        if "*" in entries and len(entries) > 1:
+            raise ValueError("trusted_proxies: '*' trusts every peer and cannot be combined with addresses")
+        for entry in entries:
+            if entry != "*":
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError:
+                    raise ValueError(f"trusted_proxies: {entry!r} is not an IP address or CIDR network") \
+                        from None
+        return ",".join(entries)
+
+    @field_validator("trusted_origins")
+    @classmethod
+    def _origins(cls, value: str) -> str:
+        """Each entry ``http(s)://host[:port]`` with nothing after it; refused at start otherwise."""
+        entries = [e.rstrip("/").lower() for e in split_list(value)]
+        for entry in entries:
+            if not _ORIGIN.fullmatch(entry):
+                raise ValueError(f"trusted_origins: {entry!r} is not an origin "
+                                 "(scheme://host[:port], e.g. https://ragbudget.example.com)")
+        return ",".join(entries)
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        """:attr:`trusted_proxies` as a list (``[]``: no proxy is trusted)."""
+        return split_list(self.trusted_proxies)
+
+    @property
+    def trusted_origin_list(self) -> list[str]:
+        """:attr:`trusted_origins` as a list of lower-case origins without a trailing slash."""
+        return split_list(self.trusted_origins)
+
     @property
     def resolved_database_url(self) -> str:
         """The database URL in force: explicit, else SQLite under ``data_dir``."""
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'ragbudget.db').resolve()}"
+
+
+def split_list(value: str) -> list[str]:
+    """The non-empty, stripped entries of a comma-separated setting."""
+    return [e.strip() for e in value.split(",") if e.strip()]
 
 
 def get_settings(**overrides: object) -> Settings:

@@ -145,6 +145,7 @@ def run_sweep(pipeline: Any, questions: list[dict[str, Any]], *, k_max: int, bud
     holds, per question and budget, the k the planner picks.
     """
     from app.answer_state import AnswerRequest
+    from app.slots import in_first_slots
     from generation.base import GenParams
     from latency_model.planner import plan as make_plan
 
@@ -159,10 +160,11 @@ def run_sweep(pipeline: Any, questions: list[dict[str, Any]], *, k_max: int, bud
         scaffold, builder = pipeline.scaffold_and_builder()
         overhead = prepared.plan.overhead_ms
         relevant = set(q.get("relevant") or [])
-        ks = list(range(0, min(k_max, len(hits)) + 1))
+        # k counts prompt slots (app.slots): identical chunk texts among the hits share one
+        slots = pipeline.prompt_chunks(hits)
+        ks = list(range(0, min(k_max, len(slots)) + 1))
         samples: dict[int, list[float]] = {k: [] for k in ks}
-        prompts = {k: builder.build(scaffold.text, pipeline.prompt_chunks(hits[:k]), q["question"])
-                   for k in ks}
+        prompts = {k: builder.build(scaffold.text, slots[:k], q["question"]) for k in ks}
         order = [k for _ in range(repeats) for k in ks]
         rng.shuffle(order)
         for k in order:
@@ -181,7 +183,7 @@ def run_sweep(pipeline: Any, questions: list[dict[str, Any]], *, k_max: int, bud
                 computed_tokens=r.computed_tokens, overhead_ms=overhead, prefill_ms_median=med,
                 measured_ttft_ms=overhead + med, predicted_p50_ms=overhead + r.ttft_p50_ms,
                 predicted_p95_ms=overhead + r.ttft_p95_ms,
-                relevant_in_top_k=(any(h.document_id in relevant for h in hits[:k])
+                relevant_in_top_k=(any(h.document_id in relevant for h in in_first_slots(hits, k))
                                    if relevant else None)))
         full = prepared.full_prompt
         for b in budgets:

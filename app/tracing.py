@@ -126,9 +126,11 @@ def answer_spans(p: Prepared, params: GenParams, summary: Answer, identity: dict
         "ragbudget.retrieval.query_truncated": r.query_truncated,
     }
     _put(retrieve, "ragbudget.corpus.root_hash", r.root_hash)
-    for i, h in enumerate(r.hits):
+    from app.slots import hit_slots
+
+    for i, (h, slot) in enumerate(zip(r.hits, hit_slots(r.hits), strict=True)):
         meta = {"version": h.version, "chunk_id": str(h.chunk_id), "chunk_hash": h.chunk_hash,
-                "rank": h.rank, "cited": h.rank <= summary.chosen_k}
+                "rank": h.rank, "slot": slot, "cited": slot <= summary.chosen_k}
         pre = f"retrieval.documents.{i}.document"
         retrieve[f"{pre}.id"] = h.document_id
         retrieve[f"{pre}.score"] = float(h.score)

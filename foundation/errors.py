@@ -2,8 +2,9 @@
 
 Every error the project raises on purpose derives from :class:`RagBudgetError`
 and carries a stable, machine-readable ``code``. HTTP status codes and CLI exit
-codes are mapped only at the edges (``app.api.errors`` and ``app.cli.main``),
-never here::
+codes are mapped only at the edges (``app.api.errors`` and ``app.cli.common``),
+never here. Every public code, with its status and meaning, is listed once in
+:mod:`foundation.error_codes` (``docs/errors.md``)::
 
     RagBudgetError                      code
     ├── InvalidInput                    invalid_input        (bad request data)
@@ -13,7 +14,8 @@ never here::
     │   ├── UnsupportedType             unsupported_type
     │   ├── TooLarge                    too_large
     │   ├── InvalidDocumentId           invalid_document_id
-    │   └── InvalidConfig               invalid_config
+    │   └── ContextLengthExceeded       context_length_exceeded (prompt + max tokens over the window)
+    ├── InvalidConfig                   invalid_config       (the server's settings; not the caller's fault)
     ├── NotFound                        not_found
     │   ├── UnknownModel                model_not_found
     │   ├── UnknownDocument             unknown_document
@@ -105,10 +107,27 @@ class InvalidDocumentId(InvalidInput):
     code = "invalid_document_id"
 
 
-class InvalidConfig(InvalidInput):
-    """Settings or options that cannot work together (e.g. a chunk overlap not below the window)."""
+class InvalidConfig(RagBudgetError):
+    """Settings, options or model files that cannot work (e.g. a chunk overlap not below the window).
+
+    A server-side error, not bad request data: found while serving a request it answers
+    HTTP 500 (the operator must fix the settings; the caller cannot), while the CLI, whose
+    user is the operator, exits 2 as for bad input.
+    """
 
     code = "invalid_config"
+
+
+class ContextLengthExceeded(InvalidInput):
+    """The prompt, or the prompt with the output tokens asked for, does not fit the model's
+    context window; refused before the request queues and before any token.
+
+    ``details``: ``field`` (``question``: the prompt alone fills the window; ``max_new_tokens``:
+    the output tokens asked for do not fit beside it), ``prompt_tokens``, ``max_new_tokens``,
+    ``context_window``.
+    """
+
+    code = "context_length_exceeded"
 
 
 class NotFound(RagBudgetError):
@@ -173,17 +192,20 @@ class BudgetUnreachable(RagBudgetError):
     """Even ``k = 0`` cannot make the request's TTFT budget and it asked to be refused.
 
     ``predicted_ttft_ms``: the TTFT ``k = 0`` would have (time spent + predicted wait +
-    predicted prefill p50); ``retry_after_s``: when the model is predicted to be free.
+    predicted prefill p50); ``retry_after_s``: when the model is predicted to be free;
+    ``retryable``: False when no retry can help (k = 0 alone, on an idle model, is predicted over
+    the budget), so the edge invites none.
     """
 
     code = "budget_unreachable"
 
     def __init__(self, message: str, *, retry_after_s: float = 1.0, predicted_ttft_ms: float,
-                 **details: Any) -> None:
+                 retryable: bool = True, **details: Any) -> None:
         super().__init__(message, retry_after_s=retry_after_s, predicted_ttft_ms=predicted_ttft_ms,
-                         **details)
+                         retryable=retryable, **details)
         self.retry_after_s = retry_after_s
         self.predicted_ttft_ms = predicted_ttft_ms
+        self.retryable = retryable
 
 
 class AuthError(RagBudgetError):

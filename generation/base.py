@@ -17,6 +17,7 @@ the first token is the first one with non-empty text, and
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from foundation.errors import InvalidInput
 from foundation.hashing import MAX_SAFE_INTEGER
 from retrieval.tokens import TextTokenizer
 
@@ -53,17 +55,70 @@ class GenParams:
     ``seed`` are ignored). Sampling (``temperature > 0``) always runs with a
     seed: :meth:`resolved` draws one when none was given, and the backends
     record the resolved parameters in :attr:`GenerationStats.params`.
+
+    ``ignore_eos`` and ``min_tokens`` have vLLM's meanings (``SamplingParams``):
+    with ``ignore_eos`` the answer goes on past end-of-text and stop token ids until
+    ``max_new_tokens`` (those tokens are output like any other); ``min_tokens``
+    masks the end-of-text and stop token ids out (logit ``-inf``) until that many
+    tokens were generated. :meth:`validate` holds the accepted ranges.
     """
 
     max_new_tokens: int = 64
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
 
     @property
     def greedy(self) -> bool:
         """True when ``temperature <= 0``: argmax decoding; ``top_p`` and ``seed`` do not apply."""
         return self.temperature <= 0.0
+
+    def validate(self) -> GenParams:
+        """Check every field against its accepted range; return ``self``.
+
+        The ranges are vLLM's (``SamplingParams._verify_args``): ``max_new_tokens >= 1``,
+        ``temperature`` finite in ``[0, 2]``, ``top_p`` in ``(0, 1]``, ``0 <= min_tokens <=
+        max_new_tokens``; plus ``0 <= seed <= MAX_SEED`` (a JSON-safe integer) and plain
+        ``bool``/``int``/``float`` types (no ``True`` for 1). Every value in these ranges
+        samples without error (``generation.local`` computes safely for any of them).
+
+        Raises:
+            InvalidInput: code ``invalid_sampling_parameter``, ``details["param"]`` naming the
+                field and ``details["value"]`` its ``repr``.
+        """
+        def bad(name: str, why: str) -> InvalidInput:
+            value = getattr(self, name)
+            return InvalidInput(f"{name} {why}, got {value!r}", code="invalid_sampling_parameter",
+                                param=name, value=repr(value))
+
+        for name in ("max_new_tokens", "min_tokens"):
+            if type(getattr(self, name)) is not int:
+                raise bad(name, "must be an integer")
+        if self.seed is not None and type(self.seed) is not int:
+            raise bad("seed", "must be an integer or null")
+        if type(self.ignore_eos) is not bool:
+            raise bad("ignore_eos", "must be true or false")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise bad(name, "must be a finite number")
+        if self.max_new_tokens < 1:
+            raise bad("max_new_tokens", "must be at least 1")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise bad("temperature", "must be in [0, 2]")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", "must be in (0, 1]")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise bad("seed", "must be in [0, 2**53 - 1]")
+        if self.min_tokens < 0:
+            raise bad("min_tokens", "must be at least 0")
+        if self.min_tokens > self.max_new_tokens:
+            raise InvalidInput(f"min_tokens must be at most max_new_tokens={self.max_new_tokens}, "
+                               f"got {self.min_tokens}", code="invalid_sampling_parameter",
+                               param="min_tokens", value=repr(self.min_tokens))
+        return self
 
     def resolved(self) -> GenParams:
         """These parameters with a seed drawn (``0 <= seed < 2**31``) when sampling without one."""
@@ -72,8 +127,27 @@ class GenParams:
         return dataclasses.replace(self, seed=random.SystemRandom().randrange(2**31))
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-serialisable dict (for receipts)."""
-        return dataclasses.asdict(self)
+        """Plain JSON-serialisable dict (for receipts).
+
+        ``ignore_eos`` and ``min_tokens`` appear only when they differ from their defaults,
+        so a receipt of an answer that does not use them reads as it did before they existed.
+        """
+        out = dataclasses.asdict(self)
+        for name in _OMITTED_AT_DEFAULT:
+            if out[name] == _DEFAULTS[name]:
+                del out[name]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GenParams:
+        """The parameters a receipt recorded (:meth:`to_dict`); keys of other layers (``stop``)
+        are ignored and fields a receipt lacks take their defaults."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+_OMITTED_AT_DEFAULT = ("ignore_eos", "min_tokens")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GenParams)}
 
 
 @dataclass

@@ -33,6 +33,7 @@ from generation.base import (
 )
 from generation.packed_attention import ATTN_NAME, SeqKV, register_packed_attention
 from generation.prefix_cache import PrefixKVCache
+from generation.sampling import select_token
 from generation.scheduler import MIN_ROWS, ROW_MULTIPLE, Engine, Sequence, StepRecord
 from retrieval.tokens import HFTextTokenizer, TextTokenizer
 
@@ -194,16 +195,16 @@ class LocalGenerator:
         receipt recorded).
 
         Raises:
-            InvalidInput: empty prompt or ``prefill_chunk < 1``; TooLarge: prompt does not
-                leave room for one token.
+            InvalidInput: empty prompt, ``prefill_chunk < 1``, or parameters outside their
+                ranges (:meth:`GenParams.validate`, code ``invalid_sampling_parameter``);
+                TooLarge: prompt does not leave room for one token.
         """
         if not prompt_ids:
             raise InvalidInput("the prompt is empty")
         if len(prompt_ids) >= self.context_window:
             raise TooLarge(f"prompt of {len(prompt_ids)} tokens does not fit the context window "
                            f"of {self.context_window}", prompt_tokens=len(prompt_ids))
-        if params.max_new_tokens < 1:
-            raise InvalidInput("max_new_tokens must be >= 1")
+        params.validate()
         if prefill_chunk is not None and prefill_chunk < 1:
             raise InvalidInput("prefill_chunk must be >= 1")
         prefix = list(cached_prefix_ids or [])
@@ -375,8 +376,9 @@ class LocalGenerator:
         max_new = max(1, min(params.max_new_tokens, self.context_window - len(prompt_ids)))
         return Sequence(prompt=prompt_ids, prefix_len=prefix_len, max_new=max_new,
                         chunk=chunk or self.prefill_chunk,
-                        select=lambda logits: self._select(logits, params, rng),
-                        eos=frozenset(self.eos_token_ids) if eos is None else eos, cancel=cancel)
+                        select=lambda logits: select_token(logits, params, rng),
+                        eos=frozenset(self.eos_token_ids) if eos is None else eos, cancel=cancel,
+                        min_new=min(params.min_tokens, max_new), ignore_eos=params.ignore_eos)
 
     def _run_detached(self, seq: Sequence, store: dict[str, Any]) -> Engine:
         """Run ``seq`` alone to its first token with a private prefix store (calibration);
@@ -478,21 +480,6 @@ class LocalGenerator:
 
     def _prefix_store(self, prefix_ids: list[int], kv: Any, last_logits: Any) -> None:
         self.prefix_cache.put(prefix_ids, kv, last_logits, 0.0)
-
-    def _select(self, logits: Any, params: GenParams, rng: Any) -> int:
-        """Greedy argmax, or temperature + top-p (nucleus) sampling with a seeded generator."""
-        import torch
-
-        if params.greedy:
-            return int(torch.argmax(logits).item())  # logits: (vocab,)
-        probs = torch.softmax(logits.float().cpu() / params.temperature, dim=-1)  # (vocab,)
-        if params.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)  # (vocab,), (vocab,)
-            keep = (torch.cumsum(sorted_p, dim=-1) - sorted_p) < params.top_p  # (vocab,) bool
-            sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
-            choice = torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=rng)  # (1,)
-            return int(order[choice].item())
-        return int(torch.multinomial(probs, 1, generator=rng).item())
 
     @staticmethod
     def _rng(params: GenParams) -> Any:

@@ -86,13 +86,19 @@ class RemoteGenerator:
         stop_token_ids: the chat template's end-of-turn ids, sent as ``stop_token_ids``
             (a vLLM/SGLang request field; servers that do not know it ignore it and stop at
             their own end-of-generation set, as llama.cpp does for ``<end_of_turn>``).
+        max_running: how many requests ragbudget sends at once (the answer queue lets this
+            many in). ``None``: what the server says (llama.cpp's ``GET /props``
+            ``total_slots``, its ``--parallel``), else 1. A server that batches (vLLM,
+            SGLang) says nothing, so set it (``RAGBUDGET_REMOTE_MAX_RUNNING``).
     """
 
     def __init__(self, base_url: str, model: str, *, tokenizer: TextTokenizer, api_key: str | None = None,
                  tokenizer_source: str | None = None,
                  mode: Literal["auto", "completions", "text", "chat"] = "auto",
                  context_window: int | None = None, timeout_s: float = 120.0,
-                 stop_token_ids: list[int] | None = None) -> None:
+                 stop_token_ids: list[int] | None = None, max_running: int | None = None) -> None:
+        if max_running is not None and max_running < 1:
+            raise InvalidInput(f"max_running must be >= 1, got {max_running}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.tokenizer = tokenizer
@@ -103,15 +109,30 @@ class RemoteGenerator:
         self._text = TextPromptCodec(self._client, self.base_url, model, tokenizer)
         self.context_window = context_window or self._server_context_window() or DEFAULT_CONTEXT_WINDOW
         self.eos_token_ids: list[int] = sorted({int(i) for i in stop_token_ids or []})
-        self.last_stats: GenerationStats | None = None
+        self._local = threading.local()
+        self._last_any: GenerationStats | None = None
         self._sent_prefixes: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
+        self._prefix_lock = threading.Lock()
+        self.max_running = max_running or self._server_slots() or 1
         self.identity: dict[str, Any] = {
             "backend": "remote", "model_id": model, "base_url": self.base_url, "weights_hash": None,
             "dtype": None, "device": "remote", "device_name": f"remote: {self.base_url}", "threads": None,
             "context_window": self.context_window, "tokenizer_id": tokenizer.tokenizer_id, "mode": mode,
             "software": {"python": platform.python_version(), "httpx": httpx.__version__},
         }
+
+    @property
+    def last_stats(self) -> GenerationStats | None:
+        """Stats of the latest stream this thread consumed (several answers run at once when
+        ``max_running > 1``, so each consumer sees its own); from another thread, the latest
+        finished anywhere."""
+        return getattr(self._local, "stats", None) or self._last_any
+
+    @last_stats.setter
+    def last_stats(self, value: GenerationStats | None) -> None:
+        self._local.stats = value
+        self._last_any = value
 
     # --- public contract ----------------------------------------------------------------
     def stream(self, prompt_ids: list[int], *, cached_prefix_ids: list[int] | None = None,
@@ -123,20 +144,22 @@ class RemoteGenerator:
         it the decoded prompt is sent as one user message.
 
         Raises:
-            InvalidInput: empty prompt or ``max_new_tokens < 1``.
+            InvalidInput: empty prompt, or parameters outside their ranges
+                (:meth:`GenParams.validate`, code ``invalid_sampling_parameter``).
             BackendError: HTTP failure, an error chunk, or a stream without ``[DONE]``.
         """
         if not prompt_ids:
             raise InvalidInput("the prompt is empty")
-        if params.max_new_tokens < 1:
-            raise InvalidInput("max_new_tokens must be >= 1")
+        params.validate()
         if cached_prefix_ids and list(prompt_ids[:len(cached_prefix_ids)]) == list(cached_prefix_ids):
             self._remember_prefix(list(cached_prefix_ids))
         return self._run(list(prompt_ids), params.resolved(), cancel, messages)
 
     def prefix_cached(self, prefix_ids: list[int]) -> bool:
         """True when this process already sent ``prefix_ids`` (the server's prefix cache likely holds it)."""
-        return sha256_ints(list(prefix_ids)) in self._sent_prefixes
+        key = sha256_ints(list(prefix_ids))
+        with self._prefix_lock:
+            return key in self._sent_prefixes
 
     def warm_prefix(self, prefix_ids: list[int]) -> float:
         """Send ``prefix_ids`` with ``max_tokens=1`` so the server caches it; ms spent (0 in chat mode)."""
@@ -266,6 +289,13 @@ class RemoteGenerator:
             err = obj["error"]
             message = err.get("message", err) if isinstance(err, dict) else err
             raise BackendError(f"remote server error: {message}")
+        timings = obj.get("timings")
+        if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+            # llama.cpp's native server: prompt tokens taken from its slot's cache
+            # (tools/server/server.cpp, ``timings.cache_n``), on the final chunk.
+            cached_n = int(timings["cache_n"])
+            if 0 <= cached_n <= stats.prompt_tokens:
+                stats.cached_tokens, stats.computed_tokens = cached_n, stats.prompt_tokens - cached_n
         usage = obj.get("usage")
         if isinstance(usage, dict):
             stats.usage = usage
@@ -287,8 +317,15 @@ class RemoteGenerator:
         if not params.greedy:
             body["top_p"] = params.top_p
             body["seed"] = params.seed
-        if self.eos_token_ids:
+        # vLLM's request extensions (SGLang and llama.cpp's server read the same names), sent
+        # only when set so a plain OpenAI server never sees them. With ignore_eos the end-of-turn
+        # ids are not sent as stop ids either: vLLM would still stop at those.
+        if params.ignore_eos:
+            body["ignore_eos"] = True
+        elif self.eos_token_ids:
             body["stop_token_ids"] = list(self.eos_token_ids)
+        if params.min_tokens:
+            body["min_tokens"] = params.min_tokens
         if mode in ("completions", "text"):
             body["prompt"] = prompt_ids if mode == "completions" else self._text.text_for(prompt_ids)
             return f"{self.base_url}/completions", body
@@ -348,11 +385,27 @@ class RemoteGenerator:
             return None
         return None
 
+    def _server_slots(self) -> int | None:
+        """llama.cpp's ``total_slots`` from ``GET <root>/props`` (its ``--parallel``), else None.
+
+        The route sits beside ``/v1`` on llama.cpp's native server (tools/server/README.md,
+        ``GET /props``); other servers answer 404 and say nothing here.
+        """
+        root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+        try:
+            r = self._client.get(f"{root}/props", timeout=5.0)
+            slots = r.json().get("total_slots") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return int(slots) if isinstance(slots, int) and slots >= 1 else None
+
     def _remember_prefix(self, prefix_ids: list[int]) -> None:
-        self._sent_prefixes[sha256_ints(prefix_ids)] = None
-        self._sent_prefixes.move_to_end(sha256_ints(prefix_ids))
-        while len(self._sent_prefixes) > 16:
-            self._sent_prefixes.popitem(last=False)
+        key = sha256_ints(prefix_ids)
+        with self._prefix_lock:
+            self._sent_prefixes[key] = None
+            self._sent_prefixes.move_to_end(key)
+            while len(self._sent_prefixes) > 16:
+                self._sent_prefixes.popitem(last=False)
 
     def _filler_ids(self, n: int, seed: int) -> list[int]:
         """``n`` token ids of natural text; ``seed`` shuffles the words so the text is fresh."""

@@ -31,6 +31,11 @@ in the step, or when it arrived), established as follows:
   those chunks produce, so a cache hit and a miss compute the same bits.
   ``prefill_chunk`` is recorded in the generator identity (receipts).
 
+Failure isolation: after the forward, each answer's logits row is turned into its token on
+its own (:meth:`Engine._choose`); an exception there (its sampling failed) ends that answer
+alone with the error, while the other rows of the step, already computed, go on exactly as
+they would without it. Only a failure of the forward itself ends every answer in the step.
+
 The attention over each answer's own KV buffer is
 :mod:`generation.packed_attention`.
 """
@@ -50,6 +55,7 @@ from typing import Any
 
 from foundation.compute import compute, torch_threads
 from generation.packed_attention import Segment, SeqKV, StepContext
+from generation.sampling import mask_ids
 
 #: On CPU a step (and the LM head) is padded to at least MIN_ROWS rows, in multiples of
 #: ROW_MULTIPLE: below that MKL sgemm takes other kernels and a row's bits change with the
@@ -88,6 +94,11 @@ class Sequence:
     ``prompt[:prefix_len]`` is the scaffold: looked up in (and, on a miss, added to) the
     prefix cache. Events go to ``out`` as ``("token", token_id, t)``, ``("meta", dict)``
     and a final ``("end", finish_reason, exception_or_None)``.
+
+    ``select`` turns the answer's logits row ``(vocab,)`` into its next token id; while fewer
+    than ``min_new`` tokens were produced, the ``eos`` ids are masked out of that row first
+    (``-inf``). ``ignore_eos``: an ``eos`` token is output like any other and the answer
+    goes on to ``max_new`` (vLLM's ``min_tokens`` and ``ignore_eos``).
     """
 
     prompt: list[int]
@@ -97,6 +108,8 @@ class Sequence:
     select: Callable[[Any], int]
     eos: frozenset[int]
     cancel: threading.Event | None = None
+    min_new: int = 0
+    ignore_eos: bool = False
     out: queue.SimpleQueue[tuple[Any, ...]] = field(default_factory=queue.SimpleQueue)
     kv: SeqKV | None = None
     pos: int = 0
@@ -371,7 +384,7 @@ class Engine:
         for seq in live:  # a prompt that is exactly a cached prefix: first token from its logits
             if seq.first_logits is not None:
                 logits, seq.first_logits = seq.first_logits, None
-                self._emit(seq, seq.select(logits), time.perf_counter())
+                self._choose(seq, logits)
         live = [s for s in live if not s.done]
         items = self._plan(live)
         if not items:
@@ -410,7 +423,7 @@ class Engine:
                                   lg.clone())
             if seq.in_prefill():
                 continue
-            self._emit(seq, seq.select(lg), time.perf_counter())
+            self._choose(seq, lg)
         t1 = time.perf_counter()
         record = StepRecord(t1, tuple((len(toks), start) for _, toks, start, _ in items),
                             len(logit_rows), (t1 - t0) * 1000.0)
@@ -430,8 +443,21 @@ class Engine:
                              ragbudget_step=ctx)
             return out.logits[0]  # (len(keep), vocab)
 
+    def _choose(self, seq: Sequence, logits: Any) -> None:
+        """Pick and route ``seq``'s next token from its own logits row ``(vocab,)``. Whatever
+        goes wrong here (its sampling raises, non-finite probabilities) ends ``seq`` alone with
+        that error: the other rows of the step are already computed and go on untouched."""
+        try:
+            if seq.produced < seq.min_new and seq.eos:
+                logits = mask_ids(logits, seq.eos)
+            tok = seq.select(logits)
+        except Exception as exc:  # this answer's sampling failed: it ends, its batch mates do not
+            self._finish(seq, "error", exc)
+            return
+        self._emit(seq, tok, time.perf_counter())
+
     def _emit(self, seq: Sequence, tok: int, t: float) -> None:
-        if tok in seq.eos:
+        if tok in seq.eos and not seq.ignore_eos:
             self._finish(seq, "stop")
             return
         seq.out.put(("token", tok, t))

@@ -7,6 +7,8 @@
   child process (the engine tests and ``python -m benchmarks.engines``).
 * :mod:`ragbudget_testing.phoenix`: Arize Phoenix's trace server as a child process (the
   trace export test and ``python -m benchmarks.tracing_overhead``).
+* :mod:`ragbudget_testing.netns`: network namespaces joined by veth pairs, as separate
+  hosts on one machine (the fleet tests and ``python -m benchmarks.replica_auth``).
 
 ``tests/`` and ``benchmarks/`` import from here; no product room (``app``,
 ``retrieval``, ``generation``, ``latency_model``, ``receipts``, ``foundation``,

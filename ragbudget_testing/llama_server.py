@@ -31,6 +31,7 @@ import httpx
 from foundation.errors import BackendError, InvalidConfig
 
 DEFAULT_PYTHON = Path(__file__).resolve().parents[1] / ".venv-llama" / "bin" / "python"
+DEFAULT_SERVER = Path(__file__).resolve().parents[1] / ".venv-llama" / "bin" / "llama-server"
 PREFIX_HIT = re.compile(r"Llama\.generate: (\d+) prefix-match hit, remaining (\d+) prompt tokens to eval")
 
 
@@ -43,6 +44,19 @@ def llama_python() -> Path:
     path = Path(os.environ.get("RAGBUDGET_LLAMA_PYTHON") or DEFAULT_PYTHON)
     if not path.is_file():
         raise InvalidConfig(f"{path} does not exist; build the llama.cpp server with "
+                            "`bash scripts/install_llama_server.sh`")
+    return path
+
+
+def llama_server_binary() -> Path:
+    """llama.cpp's native ``llama-server`` (``RAGBUDGET_LLAMA_SERVER``, else ``.venv-llama/bin``).
+
+    Raises:
+        InvalidConfig: it does not exist (run ``bash scripts/install_llama_server.sh``).
+    """
+    path = Path(os.environ.get("RAGBUDGET_LLAMA_SERVER") or DEFAULT_SERVER)
+    if not path.is_file():
+        raise InvalidConfig(f"{path} does not exist; build llama.cpp's server with "
                             "`bash scripts/install_llama_server.sh`")
     return path
 
@@ -153,3 +167,49 @@ class LlamaCppServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+class NativeLlamaServer(LlamaCppServer):
+    """llama.cpp's native ``llama-server`` serving one GGUF on 127.0.0.1 (a context manager).
+
+    Unlike llama-cpp-python's server it runs ``parallel`` requests at once, one per
+    slot, each slot with its own prompt cache, and reports its load: ``GET /props``
+    (``total_slots``), ``GET /slots`` (each slot's state) and ``GET /metrics``
+    (Prometheus). Its streamed completions end with ``timings.cache_n``, the prompt
+    tokens taken from the slot's cache (tools/server/README.md in llama.cpp).
+
+    Args:
+        gguf, log_path, alias, n_ctx, threads, start_timeout_s: as :class:`LlamaCppServer`;
+            ``n_ctx`` is the total over all slots (each slot gets ``n_ctx / parallel``).
+        parallel: slots (requests decoded together).
+        binary: the server (default :func:`llama_server_binary`).
+        cpus: CPU ids to pin the server to with ``taskset`` (None: not pinned).
+        host: address to listen on.
+    """
+
+    def __init__(self, gguf: Path, log_path: Path, *, alias: str = "model", n_ctx: int = 8192,
+                 threads: int = 2, parallel: int = 1, binary: Path | None = None,
+                 cpus: list[int] | None = None, host: str = "127.0.0.1",
+                 start_timeout_s: float = 120.0) -> None:
+        super().__init__(gguf, log_path, alias=alias, n_ctx=n_ctx, threads=threads,
+                         start_timeout_s=start_timeout_s)
+        self.parallel, self.binary, self.cpus, self.host = parallel, binary, cpus, host
+        self.root_url = f"http://{host}:{self.port}"
+        self.base_url = f"{self.root_url}/v1"
+
+    def command(self) -> list[str]:
+        """The server's command line (``taskset -c`` first when pinned)."""
+        pin = ["taskset", "-c", ",".join(str(c) for c in self.cpus)] if self.cpus else []
+        return pin + [str(self.binary or llama_server_binary()), "--model", str(self.gguf),
+                      "--alias", self.alias, "--host", self.host, "--port", str(self.port),
+                      "--ctx-size", str(self.n_ctx), "--parallel", str(self.parallel),
+                      "--threads", str(self.threads), "--threads-batch", str(self.threads),
+                      "--seed", "0", "--metrics", "--slots", "--no-webui"]
+
+    def slots(self) -> list[dict[str, Any]]:
+        """``GET /slots``: one object per slot (``id``, ``is_processing``, ...)."""
+        return list(httpx.get(f"{self.root_url}/slots", timeout=5.0).json())
+
+    def metrics(self) -> str:
+        """``GET /metrics``: the server's Prometheus text."""
+        return httpx.get(f"{self.root_url}/metrics", timeout=5.0).text

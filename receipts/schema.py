@@ -17,6 +17,12 @@ Format history (``format_version``):
   ``generator.params.stop`` (stop sequences) and ``output.finish_reason`` /
   ``output.stop_sequence``.
 
+Prompt slots (no version change: an optional candidate field, checked when present):
+``candidates[].slot`` is the prompt slot ``[n]`` that showed the candidate's text. Candidates
+with the same text share one slot (``app.slots``); slots open in rank order, 1, 2, ... A
+receipt without ``slot`` (written before slots existed) showed one slot per candidate, in
+rank order (:func:`candidate_slots`).
+
 Statuses: ``ok``; ``cancelled`` (the client left, or the server shut down); ``failed``
 (generation failed after it started); ``interrupted`` (the serving process died while
 the answer generated; written at the next start from the started-answer journal,
@@ -197,6 +203,7 @@ def validate_body(body: dict[str, Any]) -> None:
     _check_type(body["candidates"], "list", "candidates")
     for i, cand in enumerate(body["candidates"]):
         _check_fields(cand, V2_CANDIDATE if v2 else CANDIDATE, f"candidates[{i}]")
+    _check_slots(body["candidates"])
     for name, fields in SECTIONS.items():
         if name not in body:
             raise InvalidInput(f"receipt body is missing {name}", field=name)
@@ -222,6 +229,31 @@ def validate_body(body: dict[str, Any]) -> None:
         _check_type(body["extra"], "dict", "extra")
     if v2:
         _validate_v2(body)
+
+
+def _check_slots(candidates: list[dict[str, Any]]) -> None:
+    """Recorded prompt slots: on every candidate or on none; each an int that is either the
+    next slot (1, 2, ... in rank order) or one already opened by a candidate with the same
+    chunk hash."""
+    if not any("slot" in c for c in candidates):
+        return
+    opened: dict[int, str] = {}
+    for i, cand in enumerate(candidates):
+        where = f"candidates[{i}].slot"
+        if "slot" not in cand:
+            raise InvalidInput(f"{where} is missing: every candidate records its slot, or none does",
+                               field=where)
+        _check_type(cand["slot"], "int", where)
+        slot = cand["slot"]
+        if slot in opened:
+            if opened[slot] != cand["chunk_hash"]:
+                raise InvalidInput(f"{where} = {slot} shares a slot with a different chunk text",
+                                   field=where)
+        elif slot == len(opened) + 1:
+            opened[slot] = cand["chunk_hash"]
+        else:
+            raise InvalidInput(f"{where} = {slot}: slots open in rank order, the next is "
+                               f"{len(opened) + 1}", field=where)
 
 
 def _validate_v2(body: dict[str, Any]) -> None:
@@ -276,12 +308,24 @@ def build_receipt_body(**sections: Any) -> dict[str, Any]:
     return body  # type: ignore[no-any-return]
 
 
+def candidate_slots(body: dict[str, Any]) -> list[int]:
+    """Each candidate's prompt slot, in rank order: as recorded (``candidates[].slot``), else
+    (a receipt from before slots) one slot per candidate, ``1..K``."""
+    cands = list(body.get("candidates") or [])
+    if cands and all("slot" in c for c in cands):
+        return [int(c["slot"]) for c in cands]
+    return list(range(1, len(cands) + 1))
+
+
 def cited_candidates(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The candidates the model was shown: the first ``plan.chosen_k`` (none when no plan)."""
+    """The candidates the model was shown: those in the first ``plan.chosen_k`` prompt slots
+    (:func:`candidate_slots`; every copy of a shown text included), none when there is no plan."""
     plan = body.get("plan")
     if plan is None:
         return []
-    return list(body.get("candidates") or [])[: int(plan.get("chosen_k") or 0)]
+    k = int(plan.get("chosen_k") or 0)
+    cands = list(body.get("candidates") or [])
+    return [c for c, slot in zip(cands, candidate_slots(body), strict=True) if slot <= k]
 
 
 def document_versions(body: dict[str, Any]) -> list[tuple[str, int]]:

@@ -33,6 +33,7 @@ class StoredHit:
     start_char: int
     end_char: int
     n_tokens: int
+    slot: int | None = None  # the prompt slot recorded for it (None: a receipt from before slots)
 
 
 def stored_hits(engine: Engine, body: dict[str, Any], *,
@@ -78,5 +79,5 @@ def stored_hits(engine: Engine, body: dict[str, Any], *,
         hits.append(StoredHit(rank=c["rank"], score=c["score"], chunk_id=row.id,
                               document_id=row.document_id, version=row.version, chunk_hash=row.chunk_hash,
                               text=row.text, start_char=row.start_char, end_char=row.end_char,
-                              n_tokens=row.n_tokens))
+                              n_tokens=row.n_tokens, slot=c.get("slot")))
     return hits, problems

@@ -30,7 +30,7 @@ from retrieval.prepare import ItemResult, Prepared, chunk_pairs
 from retrieval.revisions import IN_BATCH, current_rows, latest_revision, root_hash
 from retrieval.tokens import TextTokenizer
 
-STATUSES = ("added", "updated", "unchanged", "deleted", "rejected")
+STATUSES = ("added", "updated", "unchanged", "deleted", "rejected", "skipped")
 _INSERT_BATCH = 5000  # chunk rows per executemany
 
 #: Test-only hook: seconds to sleep inside the write transaction after the rows are

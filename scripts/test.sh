@@ -48,6 +48,18 @@ if log=$(mktemp -t ragbudget-phoenix-install.XXXXXX) && bash scripts/install_pho
 else
   echo "warning: could not install Arize Phoenix (log: $log); the Phoenix trace test will skip" >&2
 fi
+# llama.cpp's servers (llama-cpp-python's and the native llama-server) for the engine tests
+# (tests/engine, marker `engine`). Built once from PyPI's sdist and cached by version and
+# CPU (about 15 min on 2 cores the first time, seconds after); once built, an engine test
+# that cannot start its server fails instead of skipping.
+if log=$(mktemp -t ragbudget-llama-install.XXXXXX) && bash scripts/install_llama_server.sh >"$log" 2>&1; then
+  export RAGBUDGET_REQUIRE_ENGINE=${RAGBUDGET_REQUIRE_ENGINE:-1}
+else
+  echo "warning: could not build llama.cpp's server (log: $log); the engine tests will skip" >&2
+fi
+# The fleet tests make network namespaces (separate hosts on this machine); as root with `ip`
+# they must run, so a namespace test that cannot make them fails instead of skipping.
+if [ "$(id -u)" = 0 ] && command -v ip >/dev/null 2>&1; then export RAGBUDGET_REQUIRE_NETNS=${RAGBUDGET_REQUIRE_NETNS:-1}; fi
 ruff check .
 mypy
 python -m pytest "$@"

@@ -5,6 +5,12 @@ Routers live one per resource in ``app.api.routes_*`` and each exposes
 with ``require_role``. On start (the app's lifespan: ``ragbudget serve``, each worker
 of a server) the answers a killed process left unrecorded become ``interrupted``
 receipts (:func:`app.receipt_wiring.record_interrupted_answers`).
+
+Middleware, outermost first: the arrival clock (:mod:`app.api.clock`), forwarded
+headers from trusted proxies (:mod:`app.api.proxy`, only when ``trusted_proxies`` is
+set), the security headers of every response (:mod:`app.api.security_headers`) and
+the body limit (:mod:`app.api.limits`). ``/docs`` and ``/redoc`` load local assets
+only (:mod:`app.api.docs_pages`).
 """
 
 from __future__ import annotations
@@ -29,8 +35,11 @@ from app.api import (
     routes_retrieval,
 )
 from app.api.clock import ArrivalClockMiddleware
+from app.api.docs_pages import register_docs
 from app.api.errors import ERROR_RESPONSES, install_error_handlers
 from app.api.limits import BodyLimitMiddleware
+from app.api.proxy import TrustedProxyMiddleware
+from app.api.security_headers import SecurityHeadersMiddleware
 from app.pipeline import AnswerPipeline
 from app.receipt_wiring import record_interrupted_answers
 from app.services import Services
@@ -66,17 +75,22 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         yield
         drainer.stop()
 
-    app = FastAPI(title="ragbudget", version="0.1.0", lifespan=lifespan,
+    # docs_url/redoc_url off: FastAPI's pages load their scripts from a CDN; ours are local.
+    app = FastAPI(title="ragbudget", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="RAG context-budget advisor with retrieval receipts.")
     app.state.services = services
     app.state.pipeline = AnswerPipeline(services)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=services.settings.max_body_bytes)
+    app.add_middleware(SecurityHeadersMiddleware)
+    if services.settings.trusted_proxy_list:  # before anything reads the client, scheme or host
+        app.add_middleware(TrustedProxyMiddleware, trusted=services.settings.trusted_proxy_list)
     # Added last, so outermost: the request's one clock starts before anything else of ours runs.
     app.add_middleware(ArrivalClockMiddleware)
     for router in ROUTERS:
         app.include_router(router, responses=ERROR_RESPONSES)
     register_console(app)
+    register_docs(app)
     if not services.settings.auth_enabled:
         log.warning("authentication is DISABLED (RAGBUDGET_AUTH_ENABLED=false): every caller is admin")
     return app

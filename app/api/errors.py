@@ -7,6 +7,12 @@ them: the same object also carries ``type`` (``invalid_request_error``, ...)
 and ``param`` (the offending field, e.g. ``"n"`` or ``"messages[1].role"``, or
 null), and a request error is 400 there, as OpenAI answers it, where the other
 routes answer 422.
+
+Retries: a 429 ``busy`` and a 503 ``budget_unreachable`` that waiting can help carry
+``Retry-After`` (the server's predicted wait, rounded up to whole seconds, at least 1) and
+``x-should-retry: true``; a ``budget_unreachable`` no retry can help (k = 0 alone is over the
+budget with the model idle) carries ``x-should-retry: false`` and no ``Retry-After``
+(``x-should-retry`` is the header the openai client obeys before its own rules; docs/clients.md).
 """
 
 from __future__ import annotations
@@ -22,12 +28,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from foundation.db_errors import translate_db_error
+from foundation.error_codes import ErrorCode
 from foundation.errors import (
     BudgetUnreachable,
     Busy,
     Conflict,
     Forbidden,
     IntegrityFailure,
+    InvalidConfig,
     InvalidInput,
     NotFound,
     RagBudgetError,
@@ -37,7 +45,11 @@ from foundation.errors import (
     UnsupportedParameter,
 )
 
+# Every public code with the status it answers: foundation.error_codes (docs/errors.md); its
+# statuses are checked against this list. InvalidConfig is the server's own misconfiguration
+# (a 500 the operator fixes), never the caller's 422.
 STATUS: list[tuple[type[RagBudgetError], int]] = [
+    (InvalidConfig, 500),
     (UnsupportedParameter, 400),
     (TooLarge, 413),
     (InvalidInput, 422),
@@ -136,8 +148,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 # Codes for errors raised by Starlette/FastAPI themselves (unparseable body, unknown path, ...).
-_HTTP_CODES = {400: "malformed_body", 404: "not_found", 405: "method_not_allowed",
-               413: "body_too_large", 415: "unsupported_media_type"}
+_HTTP_CODES = {400: ErrorCode.MALFORMED_BODY, 404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED,
+               413: ErrorCode.BODY_TOO_LARGE, 415: ErrorCode.UNSUPPORTED_MEDIA_TYPE}
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -157,8 +169,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RagBudgetError)
     async def _ragbudget_error(req: Request, exc: RagBudgetError) -> JSONResponse:
         headers = {}
-        if isinstance(exc, Busy | BudgetUnreachable):
+        if isinstance(exc, BudgetUnreachable) and not exc.retryable:
+            headers["x-should-retry"] = "false"  # no wait helps: no Retry-After, no retry invited
+        elif isinstance(exc, Busy | BudgetUnreachable):
             headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+            headers["x-should-retry"] = "true"
         if isinstance(exc, Unauthenticated):
             headers["WWW-Authenticate"] = "Bearer"
         return respond(req, status_for(exc), exc.code, exc.message, exc.details, headers)
@@ -170,7 +185,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
         # Starlette logs the traceback (server side) and still sends this body.
-        return respond(req, 500, "internal_error", "internal error; the server log has the details",
+        return respond(req, 500, ErrorCode.INTERNAL_ERROR, "internal error; the server log has the details",
                        {"error_type": type(exc).__name__})
 
     @app.exception_handler(RequestValidationError)
@@ -179,15 +194,16 @@ def install_error_handlers(app: FastAPI) -> None:
                    "type": str(e.get("type", ""))} for e in exc.errors()]
         if any(e["type"] == "json_invalid" for e in errors):
             # The body is not JSON at all: a syntax error, not a schema violation.
-            return respond(req, 400, "malformed_body", "request body is not valid JSON", {"errors": errors})
+            return respond(req, 400, ErrorCode.MALFORMED_BODY, "request body is not valid JSON",
+                           {"errors": errors})
         first = errors[0] if errors else {"loc": [], "msg": ""}
         param = loc_param(list(first["loc"]))
         message = ("request failed validation" if param is None
                    else f"request failed validation: {param}: {first['msg']}")
-        return respond(req, 422, "invalid_request", message, {"errors": errors}, param=param)
+        return respond(req, 422, ErrorCode.INVALID_REQUEST, message, {"errors": errors}, param=param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(req: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        code = _HTTP_CODES.get(exc.status_code, ErrorCode.HTTP_ERROR)
         return respond(req, exc.status_code, code, str(exc.detail), {},
                        headers=getattr(exc, "headers", None))

@@ -37,13 +37,14 @@ from pydantic import BaseModel, Field
 from app.answer_state import AnswerEvent, AnswerRequest
 from app.answer_types import Answer, AnswerTimings, Citation, PredictedTTFT
 from app.api.answer_headers import answer_headers, plan_headers, response_id
-from app.api.chat_request import ChatCompletionCreate, to_chat_request
+from app.api.chat_request import ChatCompletionCreate, ChatRequest, to_chat_request
 from app.api.clock import arrival_of, auth_ms_of
 from app.api.deps import require_role
 from app.api.routes_answer import SSE_RESPONSE, get_pipeline
 from app.api.routes_models import check_model
 from app.api.streaming import iterate_in_thread
 from app.pipeline import AnswerPipeline
+from foundation.errors import ContextLengthExceeded
 
 router = APIRouter(tags=["openai"])
 
@@ -80,9 +81,15 @@ class ChatChoice(BaseModel):
 
 
 class RagbudgetExtra(BaseModel):
-    """ragbudget's own fields on an OpenAI response: receipt id, plan choice, prediction, timings."""
+    """ragbudget's own fields on an OpenAI response: receipt id, plan choice, prediction, timings.
+
+    ``receipt_status`` (``written``, ``pending`` or ``failed``) and ``receipt_error`` say what
+    became of the receipt, as on ``POST /v1/answer`` (:class:`app.answer_types.Answer`).
+    """
 
     receipt_id: str | None
+    receipt_status: Literal["written", "pending", "failed"]
+    receipt_error: str | None = None
     chosen_k: int
     binding: str
     predicted: PredictedTTFT
@@ -122,6 +129,42 @@ def _finish_reason(summary: Answer) -> Literal["stop", "length"]:
     return "length" if summary.finish_reason == "length" else "stop"
 
 
+async def start_answer(chat: ChatRequest, request: Request, pipeline: AnswerPipeline,
+                       x_ttft_budget_ms: float | None, x_on_budget_miss: str | None,
+                       prompt_param: str) -> tuple[AnswerEvent, AsyncIterator[AnswerEvent]]:
+    """Start answering ``chat`` in a worker thread: ``(first event, the events after it)``.
+
+    The TTFT budget and ``on_budget_miss`` come from the body, else from the headers
+    ``X-TTFT-Budget-Ms`` / ``X-Ragbudget-On-Budget-Miss``. Every refusal raises here, before
+    any token: a :class:`ContextLengthExceeded` gets OpenAI's ``param``, ``prompt_param``
+    (``messages``; ``prompt`` on ``/v1/completions``) when the prompt alone fills the window,
+    else the output-token field the client sent.
+
+    Raises:
+        UnknownModel, RagBudgetError: as the route (:func:`chat_completions`).
+    """
+    check_model(pipeline.services, chat.model)
+    budget = chat.ttft_budget_ms if chat.ttft_budget_ms is not None else x_ttft_budget_ms
+    on_miss = chat.on_budget_miss if chat.on_budget_miss is not None else x_on_budget_miss
+    req = AnswerRequest(question=chat.question, ttft_budget_ms=budget, max_new_tokens=chat.max_new_tokens,
+                        on_budget_miss=on_miss,
+                        revision=chat.revision, temperature=chat.temperature, top_p=chat.top_p,
+                        seed=chat.seed, history=chat.history, stop=chat.stop, user=chat.user,
+                        ignore_eos=chat.ignore_eos, min_tokens=chat.min_tokens)
+    arrival, auth_ms = arrival_of(request), auth_ms_of(request)
+    cancel = threading.Event()
+    events = iterate_in_thread(lambda: pipeline.stream(req, cancel=cancel, arrival_t=arrival,
+                                                       auth_ms=auth_ms),
+                               cancel, request)
+    try:
+        first: AnswerEvent = await events.__anext__()
+    except ContextLengthExceeded as exc:
+        exc.details["param"] = (prompt_param if exc.details.get("field") == "question"
+                                else chat.max_tokens_param)
+        raise
+    return first, events
+
+
 @router.post("/v1/chat/completions", dependencies=[Depends(require_role("copilot"))],
              response_model=ChatCompletion, responses=SSE_RESPONSE)
 async def chat_completions(body: ChatCompletionCreate, request: Request, response: Response,
@@ -135,26 +178,18 @@ async def chat_completions(body: ChatCompletionCreate, request: Request, respons
     (``n`` > 1, tools, a response format other than text, logprobs, image or audio
     parts, tool roles, unknown fields), 400 ``invalid_message`` / ``invalid_stop`` /
     ``last_message_not_user`` / ``empty_question`` / ``invalid_budget`` / ...,
+    400 ``context_length_exceeded`` (``param`` ``messages``: the conversation alone fills the
+    model's context window; ``max_tokens`` / ``max_completion_tokens``: the output tokens asked
+    for do not fit beside it; refused before queueing, never cut short),
     404 ``model_not_found``, 413 ``question_too_long``, 429 ``busy``, 503 ``budget_unreachable``
     (``on_budget_miss: reject``, or the header ``X-Ragbudget-On-Budget-Miss: reject``, and even
     k = 0 is predicted over budget; ``Retry-After``; no receipt).
     """
-    arrival, auth_ms = arrival_of(request), auth_ms_of(request)
     chat = to_chat_request(body)
-    check_model(pipeline.services, chat.model)
-    budget = chat.ttft_budget_ms if chat.ttft_budget_ms is not None else x_ttft_budget_ms
-    on_miss = chat.on_budget_miss if chat.on_budget_miss is not None else x_ragbudget_on_budget_miss
-    req = AnswerRequest(question=chat.question, ttft_budget_ms=budget, max_new_tokens=chat.max_new_tokens,
-                        on_budget_miss=on_miss,
-                        revision=chat.revision, temperature=chat.temperature, top_p=chat.top_p,
-                        seed=chat.seed, history=chat.history, stop=chat.stop, user=chat.user)
     created = int(time.time())
-    cancel = threading.Event()
-    events = iterate_in_thread(lambda: pipeline.stream(req, cancel=cancel, arrival_t=arrival,
-                                                       auth_ms=auth_ms),
-                               cancel, request)
-    # Validation errors raise here -> 4xx; else the answer has the model (admitted) or left the queue.
-    first: AnswerEvent = await events.__anext__()
+    # Refusals raise here -> 4xx; else the answer has the model (admitted) or left the queue.
+    first, events = await start_answer(chat, request, pipeline, x_ttft_budget_ms,
+                                       x_ragbudget_on_budget_miss, prompt_param="messages")
 
     if not chat.stream:
         final = first

@@ -15,14 +15,17 @@ from foundation.errors import (
     AuthError,
     Busy,
     IntegrityFailure,
+    InvalidConfig,
     InvalidInput,
     NotFound,
     RagBudgetError,
 )
 
 # Exit codes, mapped only here (the edge): 0 ok, 1 failure, 2 bad input/usage,
-# 3 not found, 4 a verification failed, 5 busy, 6 auth.
+# 3 not found, 4 a verification failed, 5 busy, 6 auth. A bad setting (InvalidConfig, a
+# server-side 500 over HTTP) is the CLI user's own input: 2 as well.
 EXIT_CODES: list[tuple[type[RagBudgetError], int]] = [
+    (InvalidConfig, 2),
     (InvalidInput, 2),
     (NotFound, 3),
     (IntegrityFailure, 4),

@@ -73,19 +73,20 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def render_ingest_report(p: dict[str, Any]) -> str:
     """Human summary of an ingest report's JSON form (``IngestOutcome.to_dict``): counts, the new
-    revision, timing, every rejected file with its code and reason, and notes."""
+    revision, timing, every rejected or skipped path with its code and reason, and notes."""
     c = p["counts"]
     head = (f"revision {p['revision']} (previous {p['previous_revision']})" if p["revision"]
             else f"no change: still at revision {p['previous_revision']}")
     lines = [f"{head}: added {c['added']}, updated {c['updated']}, unchanged {c['unchanged']}, "
-             f"deleted {c['deleted']}, rejected {c['rejected']}"]
+             f"deleted {c['deleted']}, rejected {c['rejected']}"
+             + (f", skipped {c['skipped']}" if c.get("skipped") else "")]
     if p["revision"]:
         lines.append(f"live documents {p['live_documents']}, chunks added {p['chunks_added']}, "
                      f"embeddings added {p['embeddings_added']}, root {p['root_hash']}")
     lines.append(f"took {p['timings_ms']['total_ms'] / 1000:.2f} s")
     for r in p["results"]:
-        if r["status"] == "rejected":
-            lines.append(f"rejected {r['document_id']}: [{r['code']}] {r['reason']}")
+        if r["status"] in ("rejected", "skipped"):
+            lines.append(f"{r['status']} {r['document_id']}: [{r['code']}] {r['reason']}")
     for note in p.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -92,8 +92,10 @@ def run_server(app: Any, settings: Any, host: str, port: int) -> None:
     previous = ({sig: signal.signal(sig, lambda sig, _frame: received.append(sig)) for sig in handled}
                 if main_thread else {})
     try:
+        # proxy_headers off: forwarded headers are believed from RAGBUDGET_TRUSTED_PROXIES alone
+        # (app.api.proxy), never from uvicorn's own default (127.0.0.1).
         uvicorn.run(app, host=host, port=port, log_level="info", http=EnvelopeH11Protocol,
-                    timeout_graceful_shutdown=int(settings.shutdown_grace_s))
+                    proxy_headers=False, timeout_graceful_shutdown=int(settings.shutdown_grace_s))
         left = finish_answers(RECEIPT_WAIT_S)
         if left:
             logging.getLogger(__name__).warning("%d answers did not end within %.2f s of shutdown; "

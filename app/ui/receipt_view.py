@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 
 from receipts.chain import get_receipt, within_budget
 from receipts.freshness import freshness
+from receipts.schema import candidate_slots
 from receipts.stored import stored_hits
 
 BINDING_TEXT = {
@@ -72,11 +73,11 @@ def _candidates(engine: Engine, body: dict[str, Any], fresh: dict[str, Any],
     states = {(d["document_id"], d["version"]): d for d in fresh["documents"]}
     cited: list[CandidateView] = []
     others: list[CandidateView] = []
-    for c in body.get("candidates") or []:
+    for c, slot in zip(body.get("candidates") or [], candidate_slots(body), strict=True):
         state = states.get((c["document_id"], c["version"]), {})
         view = CandidateView(
             rank=c["rank"], score=c["score"], chunk_id=int(c["chunk_id"]), document_id=c["document_id"],
-            version=c["version"], chunk_hash=c["chunk_hash"], cited=c["rank"] <= chosen_k,
+            version=c["version"], chunk_hash=c["chunk_hash"], cited=slot <= chosen_k,
             status=state.get("status", "unknown"), superseded_by=state.get("superseded_by"),
             changed_at_revision=state.get("changed_at_revision"), text=texts.get(int(c["chunk_id"])),
             problem=trouble.get(int(c["chunk_id"])))

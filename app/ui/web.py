@@ -154,18 +154,43 @@ async def form_fields(request: Request) -> dict[str, str]:
 
 
 def check_origin(request: Request) -> None:
-    """Refuse a cross-origin form post (``Origin`` present and not this server's).
+    """Refuse a cross-origin form post: ``Origin`` present and neither this server's own nor trusted.
+
+    This server's own origin is the request's scheme and ``Host``, which behind a reverse
+    proxy are what the browser used only when the proxy is trusted (``trusted_proxies``,
+    :mod:`app.api.proxy`). Origins in ``trusted_origins`` are accepted as well
+    (:func:`origin_trusted`). A browser that sends no ``Origin`` is left to the CSRF token.
 
     Raises:
         Forbidden (``csrf_failed``).
     """
     origin = request.headers.get("origin")
-    if origin and origin != "null":
-        own = f"{request.url.scheme}://{request.headers.get('host', '')}"
-        if origin.rstrip("/") != own:
-            raise Forbidden("cross-origin form refused", code="csrf_failed")
-    elif origin == "null":
+    if origin == "null":
         raise Forbidden("form from an opaque origin refused", code="csrf_failed")
+    if origin:
+        own = f"{request.url.scheme}://{request.headers.get('host', '')}".lower()
+        origin = origin.rstrip("/").lower()
+        trusted = get_services(request).settings.trusted_origin_list
+        if origin != own and not origin_trusted(origin, trusted):
+            raise Forbidden("cross-origin form refused (behind a reverse proxy: set "
+                            "RAGBUDGET_TRUSTED_PROXIES or RAGBUDGET_TRUSTED_ORIGINS)", code="csrf_failed",
+                            origin=origin, expected=own)
+
+
+def origin_trusted(origin: str, trusted: list[str]) -> bool:
+    """True when ``origin`` (lower case, no trailing slash) is one of ``trusted``; an entry
+    ``scheme://*.example.com`` matches every subdomain of example.com on that scheme (and
+    port), not example.com itself (Django's ``CSRF_TRUSTED_ORIGINS``)."""
+    for entry in trusted:
+        if origin == entry:
+            return True
+        scheme, _, host = entry.partition("://")
+        if host.startswith("*.") and origin.startswith(scheme + "://"):
+            suffix = host[1:]  # ".example.com[:port]"
+            name = origin[len(scheme) + 3:]
+            if name.endswith(suffix) and len(name) > len(suffix) and "/" not in name:
+                return True
+    return False
 
 
 def check_csrf(request: Request, user: ConsoleUser, form: dict[str, str]) -> None:

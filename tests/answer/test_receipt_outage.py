@@ -285,10 +285,10 @@ def test_a_written_receipt_says_written(sqlite_app):
 def test_the_start_appends_a_spooled_receipt_before_its_sweep_could_record_it_interrupted(tmp_path):
     from app.services import Services
     from foundation.processes import ProcessIdentity, current_process, process_token
+    from ragbudget_testing.synthetic_receipts import body
     from receipts.chain import new_receipt_id
     from receipts.journal import open_entry
     from receipts.spool import SPOOL_DIRNAME, ReceiptSpool
-    from ragbudget_testing.synthetic_receipts import body
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     dead = ProcessIdentity(current_process().host, child.pid, process_token(child.pid))
@@ -345,9 +345,9 @@ def test_a_sqlite_database_locked_through_the_answers_end_gives_a_pending_receip
 
 def test_the_app_starts_while_the_database_is_away_and_its_spooled_receipts_wait(tmp_path):
     from app.services import Services
+    from ragbudget_testing.synthetic_receipts import body
     from receipts.chain import new_receipt_id
     from receipts.spool import SPOOL_DIRNAME, ReceiptSpool
-    from ragbudget_testing.synthetic_receipts import body
 
     settings = get_settings(data_dir=tmp_path / "data", auth_enabled=False,
                             database_url=f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none")

@@ -7,6 +7,7 @@ The app here runs with small limits so every boundary is cheap to cross.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Iterator
@@ -193,7 +194,8 @@ def test_second_concurrent_answer_is_429_while_the_model_is_busy(tmp_path: Any, 
     first: list[Any] = []
     with app.client:
         worker = threading.Thread(target=lambda: first.append(
-            app.client.post("/v1/answer", json={"question": Q}, headers=app.headers("copilot"))))
+            app.client.post("/v1/answer", json={"question": Q, "max_new_tokens": 1000},
+                            headers=app.headers("copilot"))))
         worker.start()
         try:
             assert generator.started.wait(30), "the first answer never reached the model"
@@ -202,8 +204,16 @@ def test_second_concurrent_answer_is_429_while_the_model_is_busy(tmp_path: Any, 
             gate.set()
             worker.join(60)
     app.services.close()
-    assert second.status_code == 429 and second.headers["Retry-After"] == "2"
     assert first[0].status_code == 200 and first[0].json()["text"] == generator.reply
+    # Retry-After: the running answer's predicted time left on the model (its prefill and up to
+    # 1000 tokens at the profile's TPOT, as it stood before its first token), rounded up.
+    held = first[0].json()
+    expected_ms = (held["predicted"]["ttft_p50_ms"]
+                   + 999 * api_profile.predict_tpot_ms(held["tokens"]["prompt"]))
+    wait_ms = second.json()["error"]["details"]["predicted_wait_ms"]
+    assert second.status_code == 429 and wait_ms == pytest.approx(expected_ms, rel=0.01)
+    assert second.headers["Retry-After"] == str(math.ceil(wait_ms / 1000)) and wait_ms > 2000
+    assert second.headers["x-should-retry"] == "true"
 
 
 def test_default_limits_are_sane(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,7 +46,7 @@ def step_profile() -> Profile:
 
 def pipeline(engine: Any, online_correction: bool = True, live_speed: bool = True) -> AnswerPipeline:
     settings = SimpleNamespace(queue_max=4, late_binding=True, online_correction=online_correction,
-                               correction_window=40, correction_live_speed=live_speed)
+                               correction_window=40, correction_live_speed=live_speed, otlp_endpoint=None)
     generator = SimpleNamespace(engine=engine, prefill_chunk=256)
     return AnswerPipeline(SimpleNamespace(settings=settings, generator=generator))  # type: ignore[arg-type]
 

@@ -84,6 +84,52 @@ def test_a_missing_template_file_is_a_config_error_and_blank_means_unset(
         assert resolve_chat_template(smollm_tokenizer, setting).origin == "model"
 
 
+# --- a template must end the prompt by opening the assistant's turn ------------------------------
+NO_GENERATION_PROMPT = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] "
+                        "+ '<|im_end|>\\n' }}{% endfor %}")
+WRONG_TURN = NO_GENERATION_PROMPT + "{% if add_generation_prompt %}{{ '<|im_start|>user\\n' }}{% endif %}"
+PLAIN_ROLES_NO_GENERATION_PROMPT = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
+@pytest.mark.parametrize(("template", "rule"), [(NO_GENERATION_PROMPT, "generation_prompt"),
+                                                (WRONG_TURN, "assistant_turn")])
+def test_a_template_that_cannot_open_the_assistant_turn_is_refused(
+        smollm_tokenizer: Any, tmp_path: Path, template: str, rule: str) -> None:
+    path = tmp_path / "custom.jinja"
+    path.write_text(template)
+    with pytest.raises(InvalidConfig) as err:
+        PromptBuilder.for_tokenizer(smollm_tokenizer, str(path))
+    assert err.value.code == "chat_template_no_assistant_turn" and err.value.details["rule"] == rule
+    assert "add_generation_prompt" in err.value.message and "RAGBUDGET_CHAT_TEMPLATE" in err.value.message
+
+
+def test_a_template_without_a_generation_prompt_is_refused_at_start_before_any_request(
+        tmp_path: Path) -> None:
+    from app.services import Services
+    from app.settings import get_settings
+    from tests.generation.fake_openai import FakeOpenAI
+
+    path = tmp_path / "roles.jinja"
+    path.write_text(PLAIN_ROLES_NO_GENERATION_PROMPT)
+    with FakeOpenAI(["x"]) as server:
+        settings = get_settings(data_dir=tmp_path, generator_backend="remote", chat_template=str(path),
+                                remote_base_url=server.base_url, remote_model="fake-model",
+                                remote_tokenizer="cl100k_base")
+        with pytest.raises(InvalidConfig) as err:
+            Services(settings).generator  # noqa: B018
+        assert err.value.code == "chat_template_no_assistant_turn" and server.requests == []
+
+
+def test_the_same_template_with_its_generation_prompt_is_accepted(smollm_tokenizer: Any,
+                                                                  tmp_path: Path) -> None:
+    path = tmp_path / "custom.jinja"
+    path.write_text(NO_GENERATION_PROMPT + "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                    "{% endif %}")
+    builder = PromptBuilder.for_tokenizer(smollm_tokenizer, str(path))
+    prompt = builder.build(DEFAULT_SCAFFOLD_TEXT, CHUNKS, "When?")
+    assert prompt.text.endswith("When?<|im_end|>\n<|im_start|>assistant\n")
+
+
 def test_the_bundled_family_templates_are_named_in_the_error() -> None:
     assert {"chatml", "gemma3"} <= set(bundled_templates())
 

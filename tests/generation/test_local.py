@@ -215,3 +215,29 @@ def test_config_dict_has_the_roofline_fields(g: Any) -> None:
     cfg = g.config_dict()
     assert cfg["num_hidden_layers"] == 30 and cfg["num_key_value_heads"] == 3
     assert 100_000_000 < cfg["num_parameters"] < 200_000_000 and cfg["vocab_size"] == 49152
+
+
+def _eos_answer(g: Any, prompt: Any, **kw: Any) -> tuple[list[int], str]:
+    ids = [e.token_id for e in g.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids,
+                                        params=GenParams(**kw))]
+    return ids, g.last_stats.finish_reason
+
+
+def test_ignore_eos_goes_on_past_end_of_text_to_max_tokens(g: Any, prompt: Any) -> None:
+    """vLLM's ``ignore_eos``: the end-of-text token is output like any other and the answer
+    runs to ``max_new_tokens``; the tokens before it are those of the plain answer."""
+    plain, why = _eos_answer(g, prompt, max_new_tokens=24)
+    assert why == "stop" and len(plain) < 21
+    longer, why = _eos_answer(g, prompt, max_new_tokens=len(plain) + 3, ignore_eos=True)
+    assert why == "length" and len(longer) == len(plain) + 3
+    assert longer[:len(plain)] == plain and longer[len(plain)] in g.eos_token_ids
+
+
+def test_min_tokens_masks_end_of_text_until_that_many_tokens(g: Any, prompt: Any) -> None:
+    """vLLM's ``min_tokens``: end-of-text is masked out (logit -inf) until ``min_tokens``
+    tokens were generated; before the plain answer's end nothing changes (same argmax)."""
+    plain, _ = _eos_answer(g, prompt, max_new_tokens=24)
+    want = len(plain) + 2
+    masked, _ = _eos_answer(g, prompt, max_new_tokens=want + 1, min_tokens=want)
+    assert masked[:len(plain)] == plain and len(masked) >= want
+    assert not set(masked[:want]) & set(g.eos_token_ids)

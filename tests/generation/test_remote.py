@@ -183,3 +183,29 @@ def test_end_of_turn_ids_are_sent_as_stop_token_ids(tiktok: Any) -> None:
         gen = make(server, tiktok, stop_token_ids=[7, 3])
         list(gen.stream([1, 2], cached_prefix_ids=None, params=GenParams()))
     assert server.requests[-1][1]["stop_token_ids"] == [3, 7] and gen.eos_token_ids == [3, 7]
+
+
+def test_ignore_eos_and_min_tokens_are_sent_as_vllm_request_fields(tiktok: Any) -> None:
+    """vLLM's ``ignore_eos`` and ``min_tokens`` reach the server; with ``ignore_eos`` the
+    end-of-turn ids are not sent as stop ids (vLLM would still stop at them); unset, neither
+    field is sent, so a plain OpenAI server never sees them."""
+    with FakeOpenAI(PIECES) as server:
+        gen = make(server, tiktok, stop_token_ids=[7])
+        list(gen.stream([1, 2], cached_prefix_ids=None,
+                        params=GenParams(max_new_tokens=5, ignore_eos=True, min_tokens=3)))
+        list(gen.stream([1, 2], cached_prefix_ids=None, params=GenParams(max_new_tokens=5)))
+    (_, set_body), (_, plain) = server.requests[-2], server.requests[-1]
+    assert set_body["ignore_eos"] is True and set_body["min_tokens"] == 3
+    assert "stop_token_ids" not in set_body
+    assert "ignore_eos" not in plain and "min_tokens" not in plain and plain["stop_token_ids"] == [7]
+
+
+def test_parameters_outside_their_ranges_are_refused_before_any_request(tiktok: Any) -> None:
+    from foundation.errors import InvalidInput
+
+    with FakeOpenAI(PIECES) as server:
+        gen = make(server, tiktok, mode="completions")
+        with pytest.raises(InvalidInput) as err:
+            gen.stream([1, 2], cached_prefix_ids=None, params=GenParams(max_new_tokens=2, min_tokens=3))
+        assert server.requests == []
+    assert err.value.code == "invalid_sampling_parameter" and err.value.details["param"] == "min_tokens"

@@ -16,12 +16,12 @@ from sqlalchemy.exc import OperationalError
 
 from foundation.db import read_session
 from foundation.processes import ProcessIdentity, current_process, process_token
+from ragbudget_testing.synthetic_receipts import body
 from receipts import spool as spool_mod
 from receipts.chain import append_receipt, get_receipt, new_receipt_id
 from receipts.journal import open_entry, pending, recover_interrupted
 from receipts.models import ReceiptRow
 from receipts.spool import SET_ASIDE_DIRNAME, ReceiptSpool, SpoolDrainer, content_of
-from ragbudget_testing.synthetic_receipts import body
 from receipts.verify import verify_chain
 
 EARLY = "2026-01-02T03:04:05.000006+00:00"

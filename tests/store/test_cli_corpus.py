@@ -77,6 +77,31 @@ def test_delete_missing_tombstones_files_that_disappeared_in_the_same_batch(cli,
     assert [v["is_tombstone"] for v in versions] == [False, True]
 
 
+def test_a_symlink_loop_ingests_each_real_file_once_and_reports_the_rest_skipped(cli, tree, capsys):
+    (tree / "guides" / "loop").symlink_to(tree, target_is_directory=True)
+    (tree / "setup_link.md").symlink_to(tree / "guides" / "setup.md")
+    code, out = cli("ingest", str(tree), "--follow-symlinks", "--no-embed")
+    assert code == 0 and out["revision"] == 1
+    assert out["counts"]["added"] == 3 and out["counts"]["skipped"] == 2 and out["live_documents"] == 3
+    skipped = {r["document_id"]: r["code"] for r in out["results"] if r["status"] == "skipped"}
+    assert skipped == {"guides/loop": "symlink_loop", "setup_link.md": "duplicate_file"}
+    assert cli("documents", "show", "guides/loop/intro.txt")[0] != 0
+    capsys.readouterr()
+    assert main(["ingest", str(tree), "--follow-symlinks", "--no-embed"]) == 0
+    assert "skipped guides/loop: [symlink_loop]" in capsys.readouterr().out
+
+
+def test_delete_missing_tombstones_a_document_now_reached_only_as_a_duplicate(cli, tree):
+    (tree / "copy.txt").write_text("Welcome. This is the manual.")
+    assert cli("ingest", str(tree), "--no-embed")[1]["counts"]["added"] == 4
+    (tree / "copy.txt").unlink()
+    (tree / "copy.txt").symlink_to(tree / "intro.txt")
+    code, out = cli("ingest", str(tree), "--no-embed", "--delete-missing")
+    assert code == 0 and out["counts"]["deleted"] == 1 and out["counts"]["skipped"] == 1
+    assert {(r["document_id"], r["status"]) for r in out["results"]} >= {("copy.txt", "deleted"),
+                                                                          ("copy.txt", "skipped")}
+
+
 def test_a_single_file_can_take_the_callers_id(cli, tree):
     code, out = cli("ingest", str(tree / "intro.txt"), "--id", "manual/intro", "--no-embed")
     assert code == 0 and out["results"][0]["document_id"] == "manual/intro"

@@ -1,0 +1,154 @@
+"""What OpenAI-compatible clients need beyond the fields: the receipt's fate, the context window,
+message names and legacy completions (fake model, real pipeline, in-process app).
+
+The real clients (``openai``, LangChain, LlamaIndex) against a served app are in
+:mod:`tests.api.test_openai_clients`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from receipts import chain as chain_mod
+from tests.api.conftest import KeyedApp, api_settings, start_keyed_app
+from tests.api.fakes import EchoGenerator
+
+REPLY = "The pump is painted vermilion."
+DOC = "The circulation pump is painted vermilion and draws 3 kW at full load."
+Q = "What colour is the pump?"
+#: Output tokens a request may ask for here: enough to overrun the fake model's 8192-token window.
+MAX_NEW_LIMIT = 9000
+
+
+@pytest.fixture(scope="module")
+def compat(tmp_path_factory: pytest.TempPathFactory, api_profile: Any) -> Iterator[KeyedApp]:
+    root = tmp_path_factory.mktemp("compat")
+    app = start_keyed_app(api_settings(root, retrieval_candidates=2, max_new_tokens_limit=MAX_NEW_LIMIT),
+                          api_profile)
+    app.services.__dict__["generator"] = EchoGenerator(app.services.tokenizer, reply=REPLY)
+    with app.client:
+        r = app.client.post("/v1/documents", json={"id": "pump.txt", "text": DOC},
+                            headers=app.headers("admin"))
+        assert r.status_code == 201, r.text
+        yield app
+    app.services.close()
+
+
+def chat(app: KeyedApp, messages: list[dict[str, Any]] | None = None, **extra: Any) -> Any:
+    body = {"model": "ragbudget", "messages": messages or [{"role": "user", "content": Q}], **extra}
+    return app.client.post("/v1/chat/completions", json=body, headers=app.headers("copilot"))
+
+
+def data_lines(response: Any) -> list[Any]:
+    """The JSON objects of a server-sent event stream (``[DONE]`` as the string)."""
+    return [json.loads(line[6:]) if line[6:] != "[DONE]" else "[DONE]"
+            for line in response.text.splitlines() if line.startswith("data: ")]
+
+
+# --- receipt_status on the OpenAI route ------------------------------------------------------
+def test_chat_completion_says_its_receipt_was_written(compat: KeyedApp) -> None:
+    extra = chat(compat).json()["ragbudget"]
+    assert (extra["receipt_status"], extra["receipt_error"]) == ("written", None)
+    final = [c for c in data_lines(chat(compat, stream=True)) if c != "[DONE]" and "ragbudget" in c]
+    assert len(final) == 1 and final[0]["ragbudget"]["receipt_status"] == "written"
+
+
+def test_chat_completion_says_its_receipt_is_pending_when_the_append_was_not_acknowledged(
+        compat: KeyedApp, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = chain_mod.append_receipt
+
+    def committed_then_dropped(*a: Any, **k: Any) -> Any:
+        real(*a, **k)
+        raise OperationalError("COMMIT", {}, ConnectionResetError("server closed the connection"))
+
+    monkeypatch.setattr(chain_mod, "append_receipt", committed_then_dropped)
+    extra = chat(compat).json()["ragbudget"]
+    assert extra["receipt_status"] == "pending" and "server closed" in extra["receipt_error"]
+    final = [c for c in data_lines(chat(compat, stream=True)) if c != "[DONE]" and "ragbudget" in c]
+    assert final[0]["ragbudget"]["receipt_status"] == "pending"
+
+
+# --- the context window: 400 context_length_exceeded before queueing ---------------------------
+WINDOW = EchoGenerator.context_window
+
+
+def receipts_of(app: KeyedApp) -> int:
+    from sqlalchemy import func, select
+
+    from foundation.db import read_session
+    from receipts.models import ReceiptRow
+
+    with read_session(app.services.engine) as s:
+        return int(s.scalar(select(func.count()).select_from(ReceiptRow)) or 0)
+
+
+def long_history(chars: int) -> list[dict[str, Any]]:
+    """A conversation of about ``chars`` character-tokens before the question."""
+    return [{"role": "user", "content": "pump " * (chars // 10)},
+            {"role": "assistant", "content": "noted " * (chars // 12)}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_max_tokens_that_do_not_fit_beside_the_prompt_are_400_context_length_exceeded(
+        compat: KeyedApp, field: str, stream: bool) -> None:
+    before = receipts_of(compat)
+    r = chat(compat, **{field: WINDOW - 10}, stream=stream)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "context_length_exceeded",
+                                                        field)
+    d = err["details"]
+    assert d["context_window"] == WINDOW and d["max_new_tokens"] == WINDOW - 10
+    assert d["prompt_tokens"] + d["max_new_tokens"] > WINDOW
+    assert f"maximum context length is {WINDOW} tokens" in err["message"]
+    assert receipts_of(compat) == before  # nothing generated, nothing recorded
+
+
+def test_a_conversation_longer_than_the_window_is_400_naming_messages(compat: KeyedApp) -> None:
+    r = chat(compat, [*long_history(WINDOW + 500), {"role": "user", "content": Q}], max_tokens=8)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("context_length_exceeded", "messages")
+    assert err["details"]["prompt_tokens"] >= WINDOW
+
+
+def test_max_tokens_that_just_fit_are_answered(compat: KeyedApp) -> None:
+    refused = chat(compat, max_tokens=WINDOW - 10).json()["error"]["details"]
+    fits = WINDOW - refused["prompt_tokens"]
+    r = chat(compat, max_tokens=fits)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == REPLY
+
+
+def test_without_max_tokens_the_default_is_cut_to_what_the_window_leaves(compat: KeyedApp) -> None:
+    """No output limit asked for: the server's default (64) shrinks to the room left, as vLLM does."""
+    from receipts.chain import get_receipt
+
+    def prompt_tokens(n: int) -> int:  # of a conversation with an n-character earlier message
+        probe = chat(compat, [{"role": "user", "content": "p" * n}, {"role": "user", "content": Q}],
+                     max_tokens=WINDOW)
+        return int(probe.json()["error"]["details"]["prompt_tokens"])
+
+    n = 100 + WINDOW - 20 - prompt_tokens(100)  # one character, one token: 20 tokens left
+    room = WINDOW - prompt_tokens(n)
+    assert room == 20 < compat.services.settings.default_max_new_tokens
+    r = chat(compat, [{"role": "user", "content": "p" * n}, {"role": "user", "content": Q}])
+    assert r.status_code == 200, r.text
+    body = get_receipt(compat.services.engine, r.json()["ragbudget"]["receipt_id"])
+    assert body["generator"]["params"]["max_new_tokens"] == room
+    assert r.json()["choices"][0]["message"]["content"] == REPLY[:room]
+
+
+def test_answer_route_refuses_max_new_tokens_over_the_window_with_its_own_shape(compat: KeyedApp) -> None:
+    r = compat.client.post("/v1/answer", json={"question": Q, "max_new_tokens": WINDOW - 10},
+                           headers=compat.headers("copilot"))
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert set(err) == {"code", "message", "details"}
+    assert err["code"] == "context_length_exceeded" and err["details"]["field"] == "max_new_tokens"
