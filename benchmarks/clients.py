@@ -167,6 +167,7 @@ def _stat(values: list[float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the sweep (module docstring) and print its table; 0 when neither tool saw an error."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--requests", type=int, default=6, help="requests per sweep step")
     ap.add_argument("--prompt-tokens", type=int, default=32)
