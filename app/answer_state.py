@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from app.answer_types import Answer, AnswerError, AnswerStatus
+from app.answer_types import Answer, AnswerError, AnswerStatus, PredictedTTFT
 from app.conversation import Turn
 from generation.base import GenerationStats
 
@@ -44,6 +44,8 @@ class AnswerRequest:
     user: str | None = None
     on_budget_miss: str | None = None  # "answer" | "reject"; None: the configured default
     question_name: str | None = None
+    ignore_eos: bool = False  # vLLM's: go on past end-of-text to max_new_tokens (generation.base)
+    min_tokens: int = 0  # vLLM's: no end-of-text before this many tokens (generation.base)
 
 
 @dataclass
@@ -109,10 +111,33 @@ class InFlight:
     ids_per_event: bool = True
 
 
+@dataclass(frozen=True)
+class Admission:
+    """What is known of an answer when it gets the model, before its first token.
+
+    ``receipt_id``: the id its journal row reserved, the id its receipt will have (None when
+    the journal row could not be written; the final summary then says what became of the
+    receipt). ``chosen_k``, ``binding`` and ``predicted`` are the plan it runs with (after late
+    binding), as in its :class:`~app.answer_types.Answer`; ``prompt_tokens`` its prompt length
+    in tokens; ``ttft_budget_ms`` the budget it was planned for.
+    """
+
+    receipt_id: str | None
+    chosen_k: int
+    binding: str
+    predicted: PredictedTTFT
+    ttft_budget_ms: float
+    prompt_tokens: int
+
+
 @dataclass
 class AnswerEvent:
-    """A streamed event: ``kind`` is ``token`` (``text``), ``final`` or ``error`` (``summary``)."""
+    """A streamed event. ``kind``: ``admitted`` (``admission``; once, when the answer gets the
+    model, before any token), ``token`` (``text``; ``tokens``: tokens the engine streamed so
+    far), ``final`` or ``error`` (``summary``)."""
 
     kind: str
     text: str = ""
     summary: Answer | None = None
+    admission: Admission | None = None
+    tokens: int = 0

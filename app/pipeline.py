@@ -61,7 +61,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from app.answer_receipt import AnswerReceipts
-from app.answer_state import AnswerEvent, AnswerRequest, InFlight, Prepared
+from app.answer_state import Admission, AnswerEvent, AnswerRequest, InFlight, Prepared
 from app.answer_types import (
     Advice,
     AdviceTimings,
@@ -330,7 +330,8 @@ class AnswerPipeline:
             InvalidInput: ``invalid_sampling_parameter`` (:meth:`GenParams.validate`).
         """
         return GenParams(max_new_tokens=max_new_tokens, temperature=req.temperature,
-                         top_p=req.top_p, seed=req.seed).validate()
+                         top_p=req.top_p, seed=req.seed, ignore_eos=req.ignore_eos,
+                         min_tokens=req.min_tokens).validate()
 
     def _arrive(self, req: AnswerRequest, arrival_t: float) -> int | None:
         """Count ``req`` as arrived (:meth:`Arrivals.arrive`) with its budget and decode length;
@@ -401,7 +402,10 @@ class AnswerPipeline:
     # --- answer ------------------------------------------------------------------
     def stream(self, req: AnswerRequest, *, cancel: threading.Event | None = None,
                arrival_t: float | None = None, auth_ms: float | None = None) -> Iterator[AnswerEvent]:
-        """Answer ``req``, yielding token events and then one final (or error) event.
+        """Answer ``req``, yielding one ``admitted`` event when it gets the model (its
+        :class:`~app.answer_state.Admission`: the reserved receipt id and the plan), its token
+        events, then one final (or error) event. An answer cancelled while it waits for the
+        model has no ``admitted`` event, only the final one.
 
         Validation and retrieval errors raise before anything is yielded (no
         receipt: nothing was generated). Once generation starts, a failure or a
@@ -475,6 +479,8 @@ class AnswerPipeline:
             slot = None
         try:
             if slot is not None:
+                # The receipt id and the plan, before the first token: the API sends them as headers.
+                yield AnswerEvent("admitted", admission=self._admission(prepared, state, receipt_id))
                 # closing(): the generator releases the model lock and finalises its stats
                 # even when the loop stops early (cancel, client gone).
                 key = pending
@@ -494,7 +500,7 @@ class AnswerPipeline:
                         released, stopped = stopper.feed(ev.text)
                         if released:
                             state.text.append(released)
-                            yield AnswerEvent("token", text=released)
+                            yield AnswerEvent("token", text=released, tokens=state.n)
                         if stopped:
                             state.stop = stopper.matched
                             break
@@ -503,7 +509,7 @@ class AnswerPipeline:
                 held = stopper.flush()
                 if held:
                     state.text.append(held)
-                    yield AnswerEvent("token", text=held)
+                    yield AnswerEvent("token", text=held, tokens=state.n)
                 if cancel.is_set() and state.stop is None:
                     state.status = "cancelled"
         except GeneratorExit:
@@ -533,6 +539,13 @@ class AnswerPipeline:
             yield AnswerEvent("error", summary=summary)
         else:
             yield AnswerEvent("final", summary=summary)
+
+    def _admission(self, p: Prepared, state: InFlight, receipt_id: str | None) -> Admission:
+        """The :class:`Admission` of ``p`` as it gets the model (plan and prediction as its summary)."""
+        snap, _ids, _prefill = self.receipts.summary(p, state)
+        return Admission(receipt_id=receipt_id, chosen_k=snap.chosen_k, binding=snap.binding,
+                         predicted=snap.predicted, ttft_budget_ms=snap.ttft_budget_ms,
+                         prompt_tokens=snap.tokens.prompt)
 
     def answer(self, req: AnswerRequest, *, cancel: threading.Event | None = None,
                arrival_t: float | None = None, auth_ms: float | None = None) -> Answer:

@@ -8,9 +8,12 @@ of OpenAI's Chat Completions request falls in one of three groups:
   system, developer, user, assistant; content a string or a list of text
   parts, joined by newlines as vLLM does; ``name`` recorded in the receipt, not shown
   to the model), ``stream``, ``stream_options``
-  (``include_usage``), ``max_tokens`` / ``max_completion_tokens``,
+  (``include_usage``; vLLM's ``continuous_usage_stats``: usage on every chunk),
+  ``max_tokens`` / ``max_completion_tokens``,
   ``temperature``, ``top_p``, ``seed`` (0 .. 2**53 - 1), ``stop`` (a string or
-  up to 4), ``user`` (recorded in the receipt), and ragbudget's own
+  up to 4), ``user`` (recorded in the receipt), vLLM's ``ignore_eos`` and
+  ``min_tokens`` (what LLM benchmark clients send; recorded in the receipt's generation
+  parameters and replayed), and ragbudget's own
   ``ttft_budget_ms``, ``revision`` and ``on_budget_miss`` (``answer`` or
   ``reject``; also the header ``X-Ragbudget-On-Budget-Miss``, the body wins);
 * accepted only with the value that changes nothing (:data:`NEUTRAL`): ``n``
@@ -78,10 +81,12 @@ MESSAGE_NEUTRAL: dict[str, list[Any]] = {"tool_calls": [[]], "refusal": [], "aud
 
 
 class StreamOptions(BaseModel):
-    """``stream_options``; only ``include_usage`` (a final chunk with ``usage``) is honoured."""
+    """``stream_options``: ``include_usage`` (a final chunk with ``usage``) and vLLM's
+    ``continuous_usage_stats`` (with ``include_usage``: ``usage`` on every chunk, as vLLM)."""
 
     model_config = ConfigDict(strict=True, extra="allow")
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class ChatCompletionCreate(BaseModel):
@@ -105,6 +110,9 @@ class ChatCompletionCreate(BaseModel):
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="0..2**53-1")
     stop: str | list[str] | None = Field(None, description="a string or up to 4 strings")
     user: str | None = Field(None, max_length=MAX_USER_CHARS, description="recorded in the receipt")
+    ignore_eos: bool = Field(False, description="vLLM: go on past end-of-text until max_tokens")
+    min_tokens: int = Field(0, ge=0, description="vLLM: no end-of-text before this many tokens "
+                                                 "(at most max_tokens)")
     ttft_budget_ms: float | None = Field(None, description="ragbudget: TTFT budget in ms")
     revision: int | None = Field(None, ge=1, le=MAX_REVISION, description="ragbudget: corpus revision")
     on_budget_miss: Literal["answer", "reject"] | None = Field(
@@ -136,6 +144,9 @@ class ChatRequest:
     ttft_budget_ms: float | None = None
     revision: int | None = None
     on_budget_miss: str | None = None
+    continuous_usage: bool = False  # usage on every chunk (include_usage and continuous_usage_stats)
+    ignore_eos: bool = False
+    min_tokens: int = 0
     max_tokens_param: str = "max_tokens"  # the output-token field the client sent (error param)
 
 
@@ -249,5 +260,8 @@ def to_chat_request(body: ChatCompletionCreate) -> ChatRequest:
         temperature=body.temperature or 0.0, top_p=body.top_p if body.top_p is not None else 1.0,
         seed=body.seed, stop=normalize_stop(body.stop), user=body.user,
         ttft_budget_ms=body.ttft_budget_ms, revision=body.revision, on_budget_miss=body.on_budget_miss,
+        continuous_usage=bool(body.stream_options and body.stream_options.include_usage
+                              and body.stream_options.continuous_usage_stats),
+        ignore_eos=body.ignore_eos, min_tokens=body.min_tokens,
         max_tokens_param="max_completion_tokens" if body.max_tokens is None and body.max_completion_tokens
         else "max_tokens")

@@ -7,12 +7,13 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.answer_state import AnswerEvent, AnswerRequest
 from app.answer_types import Advice, AdviceCurve, Answer
+from app.api.answer_headers import answer_headers, plan_headers
 from app.api.clock import arrival_of, auth_ms_of
 from app.api.deps import require_role
 from app.api.streaming import iterate_in_thread
@@ -85,7 +86,7 @@ def sse(event: str, data: Any) -> bytes:
 
 @router.post("/v1/answer", dependencies=[Depends(require_role("copilot"))], response_model=Answer,
              responses=SSE_RESPONSE)
-async def answer(body: AnswerCreate, request: Request,
+async def answer(body: AnswerCreate, request: Request, response: Response,
                  pipeline: AnswerPipeline = Depends(get_pipeline)) -> Any:
     """Retrieve, plan for the TTFT budget, generate, write a receipt.
 
@@ -98,6 +99,9 @@ async def answer(body: AnswerCreate, request: Request,
     Streaming (``stream: true``): ``text/event-stream`` of ``token`` events
     (``{"text"}``), then one ``final`` event with the same summary (or an
     ``error`` event when generation failed mid-way), then ``data: [DONE]``.
+    Headers (:mod:`app.api.answer_headers`): the receipt id, chosen k, binding, budget and
+    predicted TTFT, sent when the answer gets the model (streamed) or with the answer, then
+    with the measured TTFT as well.
 
     Errors: 400 ``malformed_body`` (not JSON), 422 bad input (codes ``empty_question``,
     ``invalid_budget``, ``invalid_request`` for schema violations such as unknown fields),
@@ -111,11 +115,14 @@ async def answer(body: AnswerCreate, request: Request,
     events = iterate_in_thread(lambda: pipeline.stream(req, cancel=cancel, arrival_t=arrival,
                                                        auth_ms=auth_ms),
                                cancel, request)
-    first: AnswerEvent = await events.__anext__()  # validation errors raise here -> 4xx
+    # Validation errors raise here -> 4xx; else the answer has the model (admitted) or left the queue.
+    first: AnswerEvent = await events.__anext__()
     if not body.stream:
         final = first
         async for ev in events:
             final = ev
+        assert final.summary is not None, "the pipeline ends every stream with a summary"
+        response.headers.update(answer_headers(final.summary))
         return final.summary
 
     async def gen() -> AsyncIterator[bytes]:
@@ -124,15 +131,17 @@ async def answer(body: AnswerCreate, request: Request,
             while ev is not None:
                 if ev.kind == "token":
                     yield sse("token", {"text": ev.text})
-                else:
+                elif ev.kind != "admitted":  # its figures went out as headers
                     yield sse(ev.kind, ev.summary)
                 ev = await anext(events, None)
         except Exception as exc:  # never a silent cut
             yield sse("error", {"code": getattr(exc, "code", "internal_error"), "message": str(exc)})
         yield b"data: [DONE]\n\n"
 
+    plan = first.admission or first.summary  # a summary only when it left the queue unanswered
+    headers = plan_headers(plan) if plan is not None else {}
     return StreamingResponse(gen(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 
 
 @router.post("/v1/advise", dependencies=[Depends(require_role("copilot"))], response_model=Advice)

@@ -11,9 +11,15 @@ the prompt after the cached scaffold (:mod:`app.conversation`), and retrieval
 embeds the question with the earlier user messages. ``stop`` ends the answer at
 the first stop string in the decoded text (not returned; ``finish_reason``
 ``"stop"``). Extras: the TTFT budget as body field ``ttft_budget_ms`` or header
-``X-TTFT-Budget-Ms`` (default: settings), and the answer's receipt id in the
-``ragbudget`` field of the response / final chunk and the
-``X-Ragbudget-Receipt-Id`` header (non-streaming).
+``X-TTFT-Budget-Ms`` (default: settings). The answer's receipt id is its response id
+(``chatcmpl-<receipt id>``, on every chunk), the ``X-Ragbudget-Receipt-Id`` header
+(streamed or not) and the ``receipt_id`` of the ``ragbudget`` field of the response / final
+chunk; the other headers carry the plan (chosen k, binding, predicted TTFT;
+:mod:`app.api.answer_headers`), the ``ragbudget`` field the measured timings as well.
+
+vLLM's extension ``stream_options.continuous_usage_stats`` (with ``include_usage``, as vLLM)
+puts ``usage`` on every chunk: the prompt tokens and the completion tokens streamed so far
+(tokens the engine produced; the final usage chunk has the exact count and the cached tokens).
 """
 
 from __future__ import annotations
@@ -21,7 +27,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -31,6 +36,7 @@ from pydantic import BaseModel, Field
 
 from app.answer_state import AnswerEvent, AnswerRequest
 from app.answer_types import Answer, AnswerTimings, Citation, PredictedTTFT
+from app.api.answer_headers import answer_headers, plan_headers, response_id
 from app.api.chat_request import ChatCompletionCreate, ChatRequest, to_chat_request
 from app.api.clock import arrival_of, auth_ms_of
 from app.api.deps import require_role
@@ -148,7 +154,8 @@ async def start_answer(chat: ChatRequest, request: Request, pipeline: AnswerPipe
                         on_budget_miss=on_miss,
                         revision=chat.revision, temperature=chat.temperature, top_p=chat.top_p,
                         seed=chat.seed, history=chat.history, stop=chat.stop, user=chat.user,
-                        question_name=chat.question_name)
+                        question_name=chat.question_name, ignore_eos=chat.ignore_eos,
+                        min_tokens=chat.min_tokens)
     arrival, auth_ms = arrival_of(request), auth_ms_of(request)
     cancel = threading.Event()
     events = iterate_in_thread(lambda: pipeline.stream(req, cancel=cancel, arrival_t=arrival,
@@ -184,8 +191,8 @@ async def chat_completions(body: ChatCompletionCreate, request: Request, respons
     k = 0 is predicted over budget; ``Retry-After``; no receipt).
     """
     chat = to_chat_request(body)
-    cid = "chatcmpl-" + uuid.uuid4().hex
     created = int(time.time())
+    # Refusals raise here -> 4xx; else the answer has the model (admitted) or left the queue.
     first, events = await start_answer(chat, request, pipeline, x_ttft_budget_ms,
                                        x_ragbudget_on_budget_miss, prompt_param="messages")
 
@@ -195,47 +202,59 @@ async def chat_completions(body: ChatCompletionCreate, request: Request, respons
             final = ev
         s = final.summary
         assert s is not None, "the pipeline ends every stream with a summary"
-        response.headers["X-Ragbudget-Receipt-Id"] = s.receipt_id or ""
+        response.headers.update(answer_headers(s))
         return ChatCompletion(
-            id=cid, created=created, model=chat.model,
+            id=response_id(s.receipt_id), created=created, model=chat.model,
             choices=[ChatChoice(message=AssistantMessage(content=s.text),
                                 finish_reason=_finish_reason(s))],
             usage=_usage(s), ragbudget=_extra(s))
 
-    include_usage = chat.include_usage
+    plan = first.admission or first.summary  # a summary only when it left the queue unanswered
+    cid = response_id(plan.receipt_id if plan is not None else None)
+    prompt_tokens = (first.admission.prompt_tokens if first.admission is not None
+                     else first.summary.tokens.prompt if first.summary is not None else 0)
+    include_usage, continuous = chat.include_usage, chat.continuous_usage
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+    def running_usage(completion_tokens: int) -> dict[str, int]:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, usage: dict[str, Any] | None = None,
+              **extra: Any) -> bytes:
         obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": chat.model,
                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+        if continuous and usage is not None:
+            obj["usage"] = usage
         obj.update(extra)
         return f"data: {json.dumps(obj, ensure_ascii=False, default=str)}\n\n".encode()
 
     async def gen() -> AsyncIterator[bytes]:
-        yield chunk({"role": "assistant", "content": ""})
+        yield chunk({"role": "assistant", "content": ""}, usage=running_usage(0))
         ev: AnswerEvent | None = first
         try:
             while ev is not None:
                 if ev.kind == "token":
-                    yield chunk({"content": ev.text})
-                else:
+                    yield chunk({"content": ev.text}, usage=running_usage(ev.tokens))
+                elif ev.kind != "admitted":  # its figures went out as headers
                     s = ev.summary
                     assert s is not None, "final and error events carry the summary"
                     if ev.kind == "error":
                         err_obj = s.error.model_dump() if s.error is not None else None
                         err = {"error": {"code": "generation_failed", "message": str(err_obj)}}
                         yield f"data: {json.dumps(err)}\n\n".encode()
-                    yield chunk({}, _finish_reason(s),
+                    usage = _usage(s).model_dump(mode="json")
+                    yield chunk({}, _finish_reason(s), usage=usage,
                                 ragbudget=_extra(s).model_dump(mode="json"))
                     if include_usage:
-                        usage = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                                 "model": chat.model, "choices": [],
-                                 "usage": _usage(s).model_dump(mode="json")}
-                        yield f"data: {json.dumps(usage)}\n\n".encode()
+                        last = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                                "model": chat.model, "choices": [], "usage": usage}
+                        yield f"data: {json.dumps(last)}\n\n".encode()
                 ev = await anext(events, None)
         except Exception as exc:  # never a silent cut
             err = {"error": {"code": getattr(exc, "code", "internal_error"), "message": str(exc)}}
             yield f"data: {json.dumps(err)}\n\n".encode()
         yield b"data: [DONE]\n\n"
 
+    headers = plan_headers(plan) if plan is not None else {}
     return StreamingResponse(gen(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
