@@ -30,6 +30,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.answer_state import AnswerEvent
+from app.api.answer_headers import answer_headers, plan_headers
 from app.api.chat_request import (
     MAX_USER_CHARS,
     ChatRequest,
@@ -162,7 +163,6 @@ async def completions(body: CompletionCreate, request: Request, response: Respon
     (Retry-After); 503 ``budget_unreachable``; as ``POST /v1/chat/completions``.
     """
     chat = to_completion_request(body)
-    cid = "cmpl-" + uuid.uuid4().hex
     created = int(time.time())
     first, events = await start_answer(chat, request, pipeline, x_ttft_budget_ms,
                                        x_ragbudget_on_budget_miss, prompt_param="prompt")
@@ -172,10 +172,13 @@ async def completions(body: CompletionCreate, request: Request, response: Respon
             final = ev
         s = final.summary
         assert s is not None, "the pipeline ends every stream with a summary"
-        response.headers["X-Ragbudget-Receipt-Id"] = s.receipt_id or ""
-        return TextCompletion(id=cid, created=created, model=chat.model,
+        response.headers.update(answer_headers(s))
+        return TextCompletion(id=completion_id(s.receipt_id), created=created, model=chat.model,
                               choices=[CompletionChoice(text=s.text, finish_reason=finish_reason_of(s))],
                               usage=usage_of(s), ragbudget=extra_of(s))
+
+    plan = first.admission or first.summary  # a summary only when it left the queue unanswered
+    cid = completion_id(plan.receipt_id if plan is not None else None)
 
     def chunk(text: str, finish: str | None = None, **extra: Any) -> bytes:
         obj = {"id": cid, "object": "text_completion", "created": created, "model": chat.model,
@@ -189,7 +192,7 @@ async def completions(body: CompletionCreate, request: Request, response: Respon
             while ev is not None:
                 if ev.kind == "token":
                     yield chunk(ev.text)
-                else:
+                elif ev.kind != "admitted":  # its figures went out as headers
                     s = ev.summary
                     assert s is not None, "final and error events carry the summary"
                     if ev.kind == "error":
@@ -208,5 +211,12 @@ async def completions(body: CompletionCreate, request: Request, response: Respon
             yield f"data: {json.dumps(err)}\n\n".encode()
         yield b"data: [DONE]\n\n"
 
+    headers = plan_headers(plan) if plan is not None else {}
     return StreamingResponse(gen(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+
+
+def completion_id(receipt_id: str | None) -> str:
+    """The OpenAI ``text_completion`` id: ``cmpl-<receipt id>``, or ``cmpl-<uuid4 hex>`` when the
+    answer has no receipt id yet (as :func:`app.api.answer_headers.response_id` for chat)."""
+    return "cmpl-" + (receipt_id or uuid.uuid4().hex)
