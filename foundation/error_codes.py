@@ -135,7 +135,10 @@ class ErrorCode(StrEnum):
             "a bounded queue is full; come back after Retry-After")
     BUDGET_UNREACHABLE = ("budget_unreachable", BudgetUnreachable, 503, True,
                           "even k = 0 is predicted over the TTFT budget and the request asked to be "
-                          "refused (`on_budget_miss: reject`); Retry-After: when the model is free")
+                          "refused (`on_budget_miss: reject`); when the wait rules it out, Retry-After "
+                          "(when the model is free) and `x-should-retry: true`; when k = 0 alone is "
+                          "over the budget on an idle model (`details.retryable` false), "
+                          "`x-should-retry: false` and no Retry-After")
     AUTH_ERROR = ("auth_error", AuthError, 500, False,
                   "an authentication or authorisation failure with no more specific code")
     UNAUTHENTICATED = ("unauthenticated", Unauthenticated, 401, False,
