@@ -90,6 +90,9 @@ class TextPromptCodec:
     def probe(self) -> bool:
         """True when the server answers a one-token text completion; learns its BOS rule.
 
+        False for a ragbudget server (its response carries a ``ragbudget`` field): its
+        ``/v1/completions`` is a RAG answer, not a plain continuation of the text.
+
         The BOS rule comes from ``/extras/tokenize`` when offered, else from the
         ``usage.prompt_tokens`` of the probe (one more than ragbudget counts: a BOS was added).
         """
@@ -101,6 +104,10 @@ class TextPromptCodec:
         except (httpx.HTTPError, ValueError):
             return False
         if not isinstance(obj, dict) or not obj.get("choices"):
+            return False
+        if "ragbudget" in obj:
+            # Another ragbudget server: its /v1/completions answers the prompt as a question,
+            # with retrieval, instead of continuing the text; it is driven through chat.
             return False
         self.probed = True
         plain = self.tokenizer.encode(PROBE_TEXT)
