@@ -87,7 +87,7 @@ def engine_env(llama_server: Any, smollm_dir: Path,
 def run_cli(env: dict[str, str], *argv: str, ok: bool = True) -> dict[str, Any]:
     """``ragbudget ARGV --json`` in a subprocess (as a user runs it); the parsed JSON output."""
     proc = subprocess.run([sys.executable, "-m", "app.cli.main", *argv, "--json"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=1200)
     if ok and proc.returncode != 0:
         raise AssertionError(f"ragbudget {' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n"
                              f"{proc.stderr[-3000:]}")
