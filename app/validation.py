@@ -41,7 +41,7 @@ def check_budget(settings: Settings, budget_ms: float | None) -> float:
     if not math.isfinite(b) or b < settings.min_budget_ms or b > settings.max_budget_ms:
         raise InvalidInput(f"ttft_budget_ms must be a number in [{settings.min_budget_ms}, "
                            f"{settings.max_budget_ms}] ms, got {budget_ms}", code="invalid_budget",
-                           min=settings.min_budget_ms, max=settings.max_budget_ms)
+                           min=settings.min_budget_ms, max=settings.max_budget_ms, field="ttft_budget_ms")
     return b
 
 
@@ -66,7 +66,8 @@ def check_max_new_tokens(settings: Settings, n: int | None) -> int:
         return settings.default_max_new_tokens
     if not 1 <= int(n) <= settings.max_new_tokens_limit:
         raise InvalidInput(f"max_new_tokens must be in [1, {settings.max_new_tokens_limit}], got {n}",
-                           code="invalid_max_new_tokens", limit=settings.max_new_tokens_limit)
+                           code="invalid_max_new_tokens", limit=settings.max_new_tokens_limit,
+                           field="max_new_tokens")
     return int(n)
 
 

@@ -152,6 +152,19 @@ _HTTP_CODES = {400: ErrorCode.MALFORMED_BODY, 404: ErrorCode.NOT_FOUND, 405: Err
                413: ErrorCode.BODY_TOO_LARGE, 415: ErrorCode.UNSUPPORTED_MEDIA_TYPE}
 
 
+#: Request fields that are sampling parameters: their schema violations answer
+#: ``invalid_sampling_parameter`` (as :meth:`generation.base.GenParams.validate` does), not
+#: the generic ``invalid_request``.
+SAMPLING_FIELDS = frozenset({"temperature", "top_p", "seed", "min_tokens", "ignore_eos"})
+
+
+def _json_scalar(value: Any) -> bool:
+    """True for a value JSON can carry as it is (no NaN or infinity, no containers)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or isinstance(value, bool | int | str)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Map ``RagBudgetError``, request validation errors, Starlette's own HTTP errors
     (unparseable body, unknown path), database and driver errors (through
@@ -198,6 +211,14 @@ def install_error_handlers(app: FastAPI) -> None:
                            {"errors": errors})
         first = errors[0] if errors else {"loc": [], "msg": ""}
         param = loc_param(list(first["loc"]))
+        if param in SAMPLING_FIELDS:
+            # The schema's range or type check of a sampling field: the code GenParams.validate
+            # gives for the same fault (generation.base), so clients branch on one code.
+            value = next((e.get("input") for e in exc.errors()), None)
+            return respond(req, 422, ErrorCode.INVALID_SAMPLING_PARAMETER,
+                           f"{param}: {first['msg']}, got {value!r}",
+                           {"param": param, "value": value if _json_scalar(value) else repr(value),
+                            "errors": errors}, param=param)
         message = ("request failed validation" if param is None
                    else f"request failed validation: {param}: {first['msg']}")
         return respond(req, 422, ErrorCode.INVALID_REQUEST, message, {"errors": errors}, param=param)

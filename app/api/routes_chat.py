@@ -44,7 +44,7 @@ from app.api.routes_answer import SSE_RESPONSE, get_pipeline
 from app.api.routes_models import check_model
 from app.api.streaming import iterate_in_thread
 from app.pipeline import AnswerPipeline
-from foundation.errors import ContextLengthExceeded
+from foundation.errors import ContextLengthExceeded, InvalidInput
 
 router = APIRouter(tags=["openai"])
 
@@ -148,6 +148,14 @@ async def start_answer(chat: ChatRequest, request: Request, pipeline: AnswerPipe
         UnknownModel, RagBudgetError: as the route (:func:`chat_completions`).
     """
     check_model(pipeline.services, chat.model)
+    window = int(pipeline.services.generator.context_window)
+    if chat.max_new_tokens is not None and chat.max_new_tokens >= window:
+        # Cannot fit beside any prompt: vLLM's refusal, before the server's own cap is checked.
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {window} tokens. However, you requested "
+            f"{chat.max_new_tokens} tokens for the output alone. Please reduce the length of the "
+            f"output (max tokens).", param=chat.max_tokens_param,
+            max_new_tokens=chat.max_new_tokens, context_window=window)
     budget = chat.ttft_budget_ms if chat.ttft_budget_ms is not None else x_ttft_budget_ms
     on_miss = chat.on_budget_miss if chat.on_budget_miss is not None else x_on_budget_miss
     req = AnswerRequest(question=chat.question, ttft_budget_ms=budget, max_new_tokens=chat.max_new_tokens,
@@ -164,8 +172,18 @@ async def start_answer(chat: ChatRequest, request: Request, pipeline: AnswerPipe
     try:
         first: AnswerEvent = await events.__anext__()
     except ContextLengthExceeded as exc:
-        exc.details["param"] = (prompt_param if exc.details.get("field") == "question"
+        # OpenAI's param names the field the client sent; ``field`` is /v1/answer's name for it.
+        exc.details["param"] = (prompt_param if exc.details.pop("field", None) == "question"
                                 else chat.max_tokens_param)
+        raise
+    except InvalidInput as exc:
+        if exc.code != "invalid_max_new_tokens":
+            raise
+        limit = exc.details.get("limit")
+        exc.details.pop("field", None)
+        exc.details["param"] = chat.max_tokens_param
+        exc.message = (f"{chat.max_tokens_param} must be in [1, {limit}] on this server, "
+                       f"got {chat.max_new_tokens}")
         raise
     return first, events
 

@@ -95,7 +95,6 @@ REFUSED = [
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"stop": [""]}, "stop"),
     ({"seed": 2**53}, "seed"),
-    ({"seed": -1}, "seed"),
     ({"temperature": 2.5}, "temperature"),
     ({"max_tokens": 4, "max_completion_tokens": 5}, "max_tokens"),
 ]
@@ -111,6 +110,65 @@ def test_unsupported_field_is_refused_with_400_naming_it(chat_app: KeyedApp, ext
     assert err["param"] == param and err["type"] == "invalid_request_error" and err["message"]
     assert err["code"]
     assert receipt_count(chat_app) == before  # refused before anything ran: no receipt
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_max_tokens_over_the_servers_cap_name_the_field_sent(chat_app: KeyedApp, field: str) -> None:
+    """Within the window but over ``max_new_tokens_limit`` (1024): the cap's own code, with the
+    client's field as ``param`` and in the message (not the pipeline's ``max_new_tokens``)."""
+    r = ask(chat_app, **{field: 2000})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("invalid_max_new_tokens", field)
+    assert err["details"]["limit"] == 1024
+    assert err["message"].startswith(f"{field} must be in [1, 1024]")
+    assert "max_new_tokens" not in err["message"]
+
+
+SAMPLING_REFUSED = [({"temperature": 5}, "temperature", 5), ({"temperature": -1}, "temperature", -1),
+                    ({"top_p": 2}, "top_p", 2), ({"top_p": 0}, "top_p", 0), ({"seed": -1}, "seed", -1),
+                    ({"seed": True}, "seed", True), ({"min_tokens": -1}, "min_tokens", -1),
+                    ({"ignore_eos": "yes"}, "ignore_eos", "yes")]
+
+
+@pytest.mark.parametrize(("extra", "param", "value"), SAMPLING_REFUSED,
+                         ids=[p + repr(v) for _, p, v in SAMPLING_REFUSED])
+def test_a_sampling_parameter_out_of_range_or_type_is_invalid_sampling_parameter(
+        chat_app: KeyedApp, extra: dict[str, Any], param: str, value: Any) -> None:
+    """The schema's check of a sampling field answers the code docs/errors.md gives for it, as
+    GenParams.validate does for the faults only it can see (min_tokens over max_tokens)."""
+    before = receipt_count(chat_app)
+    r = ask(chat_app, **extra)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("invalid_sampling_parameter", param)
+    assert (err["details"]["param"], err["details"]["value"]) == (param, value)
+    if param in ("temperature", "top_p", "seed"):  # the fields /v1/answer has
+        r = post_answer(chat_app, {"question": Q, **extra})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["code"] == "invalid_sampling_parameter"
+        assert r.json()["error"]["details"]["param"] == param
+    assert receipt_count(chat_app) == before
+
+
+def test_a_non_finite_sampling_value_is_refused_with_a_json_body(chat_app: KeyedApp) -> None:
+    body = '{"model": "ragbudget", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}'
+    r = chat_app.client.post("/v1/chat/completions", content=body,
+                             headers={**chat_app.headers("copilot"), "content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_sampling_parameter" and err["details"]["value"] == "nan"
+
+
+def test_a_bad_budget_names_its_field(chat_app: KeyedApp) -> None:
+    r = ask(chat_app, ttft_budget_ms=-5)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("invalid_budget", "ttft_budget_ms")
+
+
+def post_answer(app: KeyedApp, body: dict[str, Any]) -> Any:
+    return app.client.post("/v1/answer", json=body, headers=app.headers("copilot"))
 
 
 MESSAGES_REFUSED = [

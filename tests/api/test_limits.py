@@ -84,8 +84,8 @@ REFUSED = [
     ("GET", "/v1/advise/curve", None, {"question": Q, "revision": HUGE}, None, 422, "invalid_request"),
     ("POST", "/v1/chat/completions", chat(revision=HUGE), None, None, 400, "invalid_request"),
     ("POST", "/v1/retrieve", {"query": Q, "k": 1, "revision": HUGE}, None, None, 422, "invalid_request"),
-    ("POST", "/v1/answer", {"question": Q, "seed": True}, None, None, 422, "invalid_request"),
-    ("POST", "/v1/answer", {"question": Q, "seed": 2**53}, None, None, 422, "invalid_request"),
+    ("POST", "/v1/answer", {"question": Q, "seed": True}, None, None, 422, "invalid_sampling_parameter"),
+    ("POST", "/v1/answer", {"question": Q, "seed": 2**53}, None, None, 422, "invalid_sampling_parameter"),
     # an empty question is the same error whether it is "" or blank, on every route
     ("POST", "/v1/answer", {"question": ""}, None, None, 422, "empty_question"),
     ("POST", "/v1/answer", {"question": "   "}, None, None, 422, "empty_question"),

@@ -110,12 +110,30 @@ def test_max_tokens_that_do_not_fit_beside_the_prompt_are_400_context_length_exc
     assert receipts_of(compat) == before  # nothing generated, nothing recorded
 
 
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_max_tokens_over_the_whole_window_are_context_length_exceeded_not_the_servers_cap(
+        compat: KeyedApp, field: str) -> None:
+    """An output limit no prompt could sit beside (here over the server's own cap too) is the
+    context-window refusal clients handle, naming the field sent."""
+    before = receipts_of(compat)
+    r = chat(compat, **{field: MAX_NEW_LIMIT + 1})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("context_length_exceeded", field)
+    assert err["details"]["context_window"] == WINDOW
+    assert err["details"]["max_new_tokens"] == MAX_NEW_LIMIT + 1
+    assert "field" not in err["details"]
+    assert f"maximum context length is {WINDOW} tokens" in err["message"]
+    assert receipts_of(compat) == before
+
+
 def test_a_conversation_longer_than_the_window_is_400_naming_messages(compat: KeyedApp) -> None:
     r = chat(compat, [*long_history(WINDOW + 500), {"role": "user", "content": Q}], max_tokens=8)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert (err["code"], err["param"]) == ("context_length_exceeded", "messages")
     assert err["details"]["prompt_tokens"] >= WINDOW
+    assert err["details"]["param"] == "messages" and "field" not in err["details"]
 
 
 def test_max_tokens_that_just_fit_are_answered(compat: KeyedApp) -> None:
@@ -132,7 +150,7 @@ def test_without_max_tokens_the_default_is_cut_to_what_the_window_leaves(compat:
 
     def prompt_tokens(n: int) -> int:  # of a conversation with an n-character earlier message
         probe = chat(compat, [{"role": "user", "content": "p" * n}, {"role": "user", "content": Q}],
-                     max_tokens=WINDOW)
+                     max_tokens=WINDOW - 1)
         return int(probe.json()["error"]["details"]["prompt_tokens"])
 
     n = 100 + WINDOW - 20 - prompt_tokens(100)  # one character, one token: 20 tokens left
