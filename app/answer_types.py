@@ -107,6 +107,9 @@ class PredictedTTFT(BaseModel):
                                          "None: the pooled window, or correction off")
     batch: PlanBatch | None = Field(None, description="the engine batch the plan was made beside "
                                     "(None: planned with nothing else on the engine)")
+    engine_id: str | None = Field(None, description="the engine the answer was routed to: the "
+                                  "configured engine whose plan carried the most context within the "
+                                  "budget ('default' when one engine is configured)")
 
 
 class AnswerTimings(BaseModel):

@@ -58,7 +58,7 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.answer_receipt import AnswerReceipts
 from app.answer_state import Admission, AnswerEvent, AnswerRequest, InFlight, Prepared
@@ -73,10 +73,12 @@ from app.answer_types import (
 )
 from app.arrivals import Arrivals
 from app.conversation import check_roles, retrieval_query
-from app.genqueue import Cancelled, GenerationQueue, Ticket
+from app.fleet import FleetEngine, engine_gone
+from app.genqueue import Cancelled, Ticket
 from app.metrics import AnswerMetrics
 from app.plan_bands import PlanBands
 from app.services import Services
+from app.settings import DEFAULT_ENGINE_ID, EngineConfig
 from app.tracing import answer_tracer
 from app.validation import (
     check_budget,
@@ -85,9 +87,10 @@ from app.validation import (
     check_on_budget_miss,
     check_question,
 )
-from foundation.errors import BudgetUnreachable, ContextLengthExceeded
+from foundation.errors import BudgetUnreachable, ContextLengthExceeded, RagBudgetError, Unavailable
 from generation.base import ON_SUBMIT, PREFILL_ORDER, GenerationStats, GenParams, TokenEvent
 from generation.stopping import StopMatcher
+from latency_model.fleet import EngineView, FleetChoice, choose
 from latency_model.planner import Plan, PrefillBand
 from latency_model.profile import Profile
 
@@ -97,17 +100,18 @@ if TYPE_CHECKING:
     from retrieval.retriever import Hit
 
 log = logging.getLogger("ragbudget.pipeline")
-#: The id of this server's one engine in the fleet planner (:func:`latency_model.fleet.choose`).
-ENGINE_ID = "default"
+#: The id of this server's one engine when no engine list is configured.
+ENGINE_ID = DEFAULT_ENGINE_ID
 
 
 class AnswerPipeline:
-    """Answers questions for one :class:`Services`; holds the queue and the metrics."""
+    """Answers questions for one :class:`Services`; holds the engines (each with its queue and
+    planning band, :mod:`app.fleet`) and the metrics. ``queue`` and ``bands`` are the first
+    engine's (the only one's without an engine list)."""
 
     def __init__(self, services: Services, metrics: AnswerMetrics | None = None) -> None:
         self.services = services
         self.settings = services.settings
-        self.queue = GenerationQueue(self.settings.queue_max)
         self.metrics = metrics or AnswerMetrics()
         # Switches for an A/B in one process (benchmarks/load.py); default from the settings.
         self.late_binding = bool(self.settings.late_binding)
@@ -115,9 +119,15 @@ class AnswerPipeline:
         self.live_speed = bool(self.settings.correction_live_speed)
         self.room_for_arrivals = bool(getattr(self.settings, "room_for_arrivals", True))
         self._lock = threading.Lock()
-        # The planning band, the online correction and the answers granted but not yet seen by
-        # the engine (app.plan_bands); it reads the two switches above when it uses them.
-        self.bands = PlanBands(self)
+        # Each engine's queue, planning band (the online correction and the answers granted but
+        # not yet seen by the engine: app.plan_bands, reading the switches above when used) and
+        # health (app.fleet), in configured order.
+        listed = getattr(self.settings, "engine_list", None)
+        configs = listed() if callable(listed) else [EngineConfig(id=ENGINE_ID, kind="local")]
+        self.engines: dict[str, FleetEngine] = {c.id: FleetEngine(self, c, i) for i, c in enumerate(configs)}
+        first = next(iter(self.engines.values()))
+        self.queue = first.queue
+        self.bands: PlanBands = first.bands
         # The requests arrived and not yet granted the model (app.arrivals), left room to answer.
         self.arrivals = Arrivals()
         self.receipts = AnswerReceipts(self)  # each answer's summary, receipt and journal row
@@ -161,10 +171,42 @@ class AnswerPipeline:
         return out
 
     def profile(self) -> Profile:
-        """The latency profile in force for the generator (fitted, else a roofline prior)."""
+        """The latency profile in force for the (first engine's) generator (fitted, else a prior)."""
         from app.profile_store import current_profile
 
         return current_profile(self.services)
+
+    def engine_of(self, p: Prepared) -> FleetEngine:
+        """The engine ``p`` was routed to.
+
+        Raises:
+            NotFound: ``unknown_engine`` (not one of this pipeline's engines).
+        """
+        try:
+            return self.engines[p.engine_id]
+        except KeyError:
+            from foundation.errors import NotFound
+
+            raise NotFound(f"engine {p.engine_id!r} is not configured", code="unknown_engine",
+                           engine_id=p.engine_id) from None
+
+    def in_rotation(self) -> list[FleetEngine]:
+        """The engines in rotation, in configured order.
+
+        Raises:
+            Unavailable: ``engine_unavailable``, every engine is out of rotation (each is probed
+                and rejoins when it answers: :class:`app.fleet.EngineHealth`).
+        """
+        up = [e for e in self.engines.values() if e.healthy]
+        if not up:
+            down = {e.id: e.health.reason for e in self.engines.values()}
+            raise Unavailable(f"no engine is in rotation ({'; '.join(f'{k}: {v}' for k, v in down.items())})",
+                              code="engine_unavailable", engines=down)
+        return up
+
+    def fleet_status(self) -> list[dict[str, object]]:
+        """Every engine's :meth:`app.fleet.FleetEngine.status`, in configured order."""
+        return [e.status() for e in self.engines.values()]
 
     @staticmethod
     def prompt_chunks(hits: list[Hit]) -> list[PromptChunk]:
@@ -208,18 +250,21 @@ class AnswerPipeline:
         result = self.services.retriever.retrieve(query, k_cap, req.revision)
         t1 = time.perf_counter()
         scaffold, builder = self.scaffold_and_builder()
-        gen = self.services.generator
         full = builder.build(scaffold.text, self.prompt_chunks(result.hits), question, req.history)
-        max_new = self._fit_window(full.prompt_tokens_for(0), max_new, req.max_new_tokens is None,
-                                   int(gen.context_window))
-        cached = bool(gen.prefix_cached(full.scaffold_ids))
-        profile = self.profile()
-        planner_profile, correction = self.bands.planner_profile(profile)
-        wait_ms = self.queue.predicted_wait_ms()
-        depth = self.queue.depth
+        engines = self.in_rotation()
+        window = max(int(e.generator.context_window) for e in engines)
+        max_new = self._fit_window(full.prompt_tokens_for(0), max_new, req.max_new_tokens is None, window)
+        looks = self._look(engines, full)
         overhead_ms = (time.perf_counter() - arrival_t) * 1000.0
-        plan = self._plan(full, cached, budget, max_new, planner_profile,
-                          overhead_ms + (wait_ms if self.late_binding else 0.0))
+        views = [EngineView(e.id, look["planner_profile"],
+                            look["wait_ms"] if self.late_binding else 0.0,
+                            int(e.generator.context_window), scaffold_cached=look["cached"],
+                            in_flight=e.in_flight()) for e, look in looks]
+        choice = self._choose(views, full, budget, max_new, overhead_ms)
+        engine_id, plan = self._target(choice, views, full, budget, max_new, overhead_ms, looks)
+        look = dict(looks)[self.engines[engine_id]]
+        profile, planner_profile, correction = look["profile"], look["planner_profile"], look["correction"]
+        cached, wait_ms, depth = look["cached"], look["wait_ms"], look["depth"]
         k = plan.chosen_k if plan.chosen_k is not None else 0
         prompt = builder.build(scaffold.text, self.prompt_chunks(result.hits)[:k], question, req.history)
         t2 = time.perf_counter()
@@ -233,8 +278,67 @@ class AnswerPipeline:
                         "overhead_ms": overhead_ms,
                         **({"auth_ms": auth_ms} if auth_ms is not None else {})},
             predicted_wait_ms=wait_ms, queue_depth=depth, planner_profile=planner_profile,
-            correction=correction,
+            correction=correction, engine_id=engine_id, fleet=choice.to_dict(),
         )
+
+    def _look(self, engines: list[FleetEngine], full: Prompt) -> list[tuple[FleetEngine, dict[str, Any]]]:
+        """What the planner needs of each engine now: its profile, planning band and correction
+        (:meth:`PlanBands.planner_profile`), whether it caches ``full``'s scaffold, its queue's
+        predicted wait (other clients' load included) and depth. An engine without a profile
+        (``UnknownProfile``: never calibrated, no prior possible) is left out while others
+        have one; when none has, the first engine's error is raised."""
+        out: list[tuple[FleetEngine, dict[str, Any]]] = []
+        first_error: RagBudgetError | None = None
+        for e in engines:
+            try:
+                profile = e.profile() if e.position else self.profile()
+            except RagBudgetError as exc:
+                if len(engines) == 1:
+                    raise
+                log.warning("engine %s left out of planning: %s", e.id, exc)
+                first_error = first_error or exc
+                continue
+            e.sync_slots()
+            e.start_load(profile)
+            planner_profile, correction = e.bands.planner_profile(profile)
+            out.append((e, {"profile": profile, "planner_profile": planner_profile,
+                            "correction": correction,
+                            "cached": bool(e.generator.prefix_cached(full.scaffold_ids)),
+                            "wait_ms": e.predicted_wait_ms(), "depth": e.queue.depth}))
+        if not out:
+            assert first_error is not None
+            raise first_error
+        return out
+
+    def _choose(self, views: list[EngineView], full: Prompt, budget: float, max_new: int,
+                overhead_ms: float) -> FleetChoice:
+        """:func:`latency_model.fleet.choose` over ``views`` for ``full`` with ``overhead_ms`` spent."""
+        return choose(views, question_tokens=full.question_tokens, scaffold_tokens=full.scaffold_len,
+                      chunk_tokens=list(full.chunk_token_counts), budget_ms=budget,
+                      max_new_tokens=max_new, overhead_ms=overhead_ms,
+                      extra_tokens=full.framing_tokens + full.history_tokens)
+
+    def _target(self, choice: FleetChoice, views: list[EngineView], full: Prompt, budget: float,
+                max_new: int, overhead_ms: float,
+                looks: list[tuple[FleetEngine, dict[str, Any]]]) -> tuple[str, Plan]:
+        """The engine a request goes to and its plan there: the fleet's choice when something
+        fits; else (nothing fits anywhere, even k = 0) the engine where k = 0 would come
+        soonest at p50 after the least wait its queue may have
+        (:meth:`GenerationQueue.min_wait_ms`), so a fast refusal (``on_budget_miss: reject``)
+        happens only when no engine could make k = 0."""
+        if choice.fits or len(views) == 1:
+            assert choice.engine_id is not None and choice.plan is not None
+            return choice.engine_id, choice.plan
+        best: tuple[float, str, Plan] | None = None
+        for view, (e, _look) in zip(views, looks, strict=True):
+            alone = self._choose([view], full, budget, max_new, overhead_ms)
+            assert alone.plan is not None
+            rows = alone.plan.rows
+            soonest = e.queue.min_wait_ms() + rows[0].ttft_p50_ms if rows else float("inf")
+            if best is None or soonest < best[0]:
+                best = (soonest, e.id, alone.plan)
+        assert best is not None
+        return best[1], best[2]
 
     @staticmethod
     def _fit_window(prompt_tokens: int, max_new: int, defaulted: bool, window: int) -> int:
@@ -264,21 +368,17 @@ class AnswerPipeline:
             field=field, prompt_tokens=prompt_tokens, max_new_tokens=max_new, context_window=window)
 
     def _plan(self, full: Prompt, cached: bool, budget: float, max_new: int,
-              profile: PrefillBand, overhead_ms: float) -> Plan:
-        """The planner over all K candidates of ``full`` with ``overhead_ms`` already gone.
+              profile: PrefillBand, overhead_ms: float, engine: FleetEngine | None = None) -> Plan:
+        """The planner over all K candidates of ``full`` on ``engine`` (default: the first) with
+        ``overhead_ms`` already gone.
 
-        Planned through the fleet planner (:func:`latency_model.fleet.choose`) with this
-        server's one engine, whose wait is already inside ``overhead_ms``: exactly the
-        single-engine plan (``tests/latency_model/test_fleet.py`` pins that).
+        Planned through the fleet planner (:func:`latency_model.fleet.choose`) with that one
+        engine, whose wait is already inside ``overhead_ms``: exactly the single-engine plan
+        (``tests/latency_model/test_fleet.py`` pins that).
         """
-        from latency_model.fleet import EngineView, choose
-
-        engine = EngineView(ENGINE_ID, profile, 0.0, self.services.generator.context_window,
-                            scaffold_cached=cached)
-        choice = choose([engine], question_tokens=full.question_tokens,
-                        scaffold_tokens=full.scaffold_len, chunk_tokens=list(full.chunk_token_counts),
-                        budget_ms=budget, max_new_tokens=max_new, overhead_ms=overhead_ms,
-                        extra_tokens=full.framing_tokens + full.history_tokens)
+        e = engine or next(iter(self.engines.values()))
+        view = EngineView(e.id, profile, 0.0, int(e.generator.context_window), scaffold_cached=cached)
+        choice = self._choose([view], full, budget, max_new, overhead_ms)
         assert choice.plan is not None, "a healthy engine always has a plan"
         return choice.plan
 
@@ -297,11 +397,12 @@ class AnswerPipeline:
         t0 = time.perf_counter()
         now_t = now_t if now_t is not None else t0
         spent_ms = max((now_t - p.arrival_t) * 1000.0, 0.0)
-        planner_profile, correction = self.bands.planner_profile(p.profile)
+        engine = self.engine_of(p)
+        planner_profile, correction = engine.bands.planner_profile(p.profile)
         plan = self._plan(p.full_prompt, p.scaffold_cached, p.budget_ms, p.max_new_tokens,
-                          planner_profile, spent_ms)
+                          planner_profile, spent_ms, engine)
         if self.room_for_arrivals:
-            plan = self.arrivals.room(plan, p, spent_ms, now_t, arrival_key, self.bands)
+            plan = self.arrivals.room(plan, p, spent_ms, now_t, arrival_key, engine.bands)
         prompt = p.prompt
         k = plan.chosen_k if plan.chosen_k is not None else 0
         if k != (p.plan.chosen_k or 0):
@@ -364,9 +465,13 @@ class AnswerPipeline:
         if predicted <= p.budget_ms:
             return
         self.metrics.rejections.labels(where=where).inc()
-        retry_s = max(1.0, self.queue.retry_after_ms() / 1000.0)
+        engine = self.engine_of(p)
+        # the soonest any engine in rotation frees a place (one engine: its own queue's)
+        retry_ms = min((e.queue.retry_after_ms() for e in self.engines.values() if e.healthy),
+                       default=engine.queue.retry_after_ms())
+        retry_s = max(1.0, retry_ms / 1000.0)
         scaffold = int(p.full_prompt.scaffold_len)
-        idle_p50 = float(self.bands.alone(p.profile).predict_ttft_many(
+        idle_p50 = float(engine.bands.alone(p.profile).predict_ttft_many(
             [row.prompt_tokens], [row.cached_tokens], [scaffold])[0][0])
         idle_ms = p.timings_ms.get("overhead_ms", 0.0) + idle_p50
         raise BudgetUnreachable(
@@ -429,14 +534,16 @@ class AnswerPipeline:
                 # On arrival: the time spent plus the least the wait can be (every answer ahead
                 # stopping at its first token); the exact check follows when the model is free.
                 self._check_reachable(prepared, prepared.timings_ms["overhead_ms"],
-                                      self.queue.min_wait_ms(), "arrival")
+                                      self.engine_of(prepared).queue.min_wait_ms(), "arrival")
         except BaseException:
             self.arrivals.left(arrival_key)
             raise
-        gen = self.services.generator
-        # A generator that batches answers (the local engine: generation.scheduler) says how
-        # many it runs at once; any other runs one at a time.
-        self.queue.slots = max(1, int(getattr(gen, "max_running", 1) or 1))
+        # The engine the fleet planner chose (app.fleet): its generator, queue and bands.
+        engine = self.engine_of(prepared)
+        gen, bands = engine.generator, engine.bands
+        # A generator that batches answers (the local engine: generation.scheduler, a remote
+        # engine with several slots) says how many it runs at once; any other runs one at a time.
+        queue = engine.sync_slots()
         # resolved(): a sampling request without a seed gets one drawn now, so it is recorded.
         params = self.gen_params(req, prepared.max_new_tokens).resolved()
         state = InFlight()
@@ -444,7 +551,7 @@ class AnswerPipeline:
         # the same way in replay (app.receipt_wiring): one place, generation.stopping.
         stopper = StopMatcher(list(req.stop))
         ticket = self._ticket(prepared)
-        slot: AbstractContextManager[float] | None = self.queue.slot(cancel, ticket)
+        slot: AbstractContextManager[float] | None = queue.slot(cancel, ticket)
         before_stats: GenerationStats | None = None
         receipt_id: str | None = None  # reserved by the journal row once the answer has the model
         pending: int | None = None  # counted by _expect_prefill until the engine shows it
@@ -452,21 +559,21 @@ class AnswerPipeline:
         try:
             state.queue_ms = slot.__enter__()  # type: ignore[union-attr]
             try:
-                with self.bands.admit_lock:
+                with bands.admit_lock:
                     if self.late_binding:
                         prepared = self.bind(prepared, arrival_key=arrival_key)
                         ticket.prefill_ms = self._ticket(prepared).prefill_ms
                     # The running batch this answer joins, for the correction to learn against.
-                    joined = self.bands.batched(prepared.profile, prepared.profile)
+                    joined = bands.batched(prepared.profile, prepared.profile)
                     prepared = replace(prepared, granted_band=joined)
-                    pending = self.bands.expect_prefill(prepared)
+                    pending = bands.expect_prefill(prepared)
                     self.arrivals.left(arrival_key)  # now counted among the prefills granted
                 if reject:
                     self._check_reachable(prepared, prepared.plan.overhead_ms, 0.0, "granted")
                 # Before the first token, outside queue_ms and prefill_ms (inside ttft_ms).
                 receipt_id = self.receipts.open_journal(prepared, params, state)
             except BaseException:
-                self.bands.submitted(pending)
+                bands.submitted(pending)
                 self.arrivals.left(arrival_key)
                 slot.__exit__(None, None, None)  # type: ignore[union-attr]
                 raise
@@ -484,8 +591,8 @@ class AnswerPipeline:
                 # closing(): the generator releases the model lock and finalises its stats
                 # even when the loop stops early (cancel, client gone).
                 key = pending
-                ON_SUBMIT.set(lambda: self.bands.submitted(key))
-                PREFILL_ORDER.set(self.bands.order_of(key))
+                ON_SUBMIT.set(lambda: bands.submitted(key))
+                PREFILL_ORDER.set(bands.order_of(key))
                 with _closing(gen.stream(prepared.prompt.ids,
                                         cached_prefix_ids=prepared.prompt.scaffold_ids,
                                         params=params, cancel=cancel,
@@ -518,11 +625,13 @@ class AnswerPipeline:
             raise
         except Exception as exc:  # generation failed after the stream started
             log.exception("generation failed")
+            if engine_gone(exc):  # refused or dropped connection: out of rotation, probed (app.fleet)
+                engine.health.mark_down(f"{type(exc).__name__}: {exc}")
             state.status = "failed"
             state.error = AnswerError(code=str(getattr(exc, "code", "generation_failed")),
                                       message=str(exc))
         finally:
-            self.bands.submitted(pending)
+            bands.submitted(pending)
             self.arrivals.left(arrival_key)
             ON_SUBMIT.set(None)
             PREFILL_ORDER.set(None)
