@@ -201,6 +201,12 @@ class FleetEngine:
 
         self.queue.engine_load = remaining
 
+    @property
+    def load(self) -> SlotLoad | None:
+        """The background reader of the engine's ``/slots`` (None before :meth:`start_load`, and
+        for the local engine)."""
+        return self._load
+
     def predicted_wait_ms(self) -> float:
         """The queue's predicted wait, the load from other clients included (:mod:`app.genqueue`)."""
         return self.queue.predicted_wait_ms()
