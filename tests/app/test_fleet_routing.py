@@ -100,7 +100,8 @@ def budget_between(pipe: AnswerPipeline) -> float:
 
 # --- configuration -------------------------------------------------------------------------
 @pytest.mark.parametrize("bad", [
-    '[{"id": "a", "base_url": "http://x/v1", "model": "m"}, {"id": "a", "base_url": "http://y/v1", "model": "m"}]',
+    '[{"id": "a", "base_url": "http://x/v1", "model": "m"}, '
+    '{"id": "a", "base_url": "http://y/v1", "model": "m"}]',
     '[{"id": "a", "kind": "remote"}]',
     '[{"id": "a", "base_url": "ftp://x", "model": "m"}]',
     '[{"id": "has space", "kind": "local"}]',
@@ -112,7 +113,8 @@ def budget_between(pipe: AnswerPipeline) -> float:
     "[]", "not json",
 ])
 def test_a_bad_engine_list_is_refused_at_start_with_invalid_config(
-        bad: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        bad: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     from app.cli.main import main
 
     monkeypatch.setenv("RAGBUDGET_ENGINES", bad)
