@@ -590,29 +590,46 @@ class AnswerPipeline:
                 yield AnswerEvent("admitted", admission=self._admission(prepared, state, receipt_id))
                 # closing(): the generator releases the model lock and finalises its stats
                 # even when the loop stops early (cancel, client gone).
-                key = pending
-                ON_SUBMIT.set(lambda: bands.submitted(key))
-                PREFILL_ORDER.set(bands.order_of(key))
-                with _closing(gen.stream(prepared.prompt.ids,
-                                        cached_prefix_ids=prepared.prompt.scaffold_ids,
-                                        params=params, cancel=cancel,
-                                        messages=prepared.prompt.messages or None)) as it:
-                    for ev in it:
-                        state.n += 1
-                        ticket.produced = state.n
-                        state.last_t = ev.t
-                        state.ids_per_event = state.ids_per_event and ev.token_id >= 0
-                        if state.first_t is None and ev.text:
-                            state.first_t = ev.t
-                        released, stopped = stopper.feed(ev.text)
-                        if released:
-                            state.text.append(released)
-                            yield AnswerEvent("token", text=released, tokens=state.n)
-                        if stopped:
-                            state.stop = stopper.matched
-                            break
-                        if cancel.is_set():
-                            break
+                retried = False
+                while True:
+                    key = pending
+                    ON_SUBMIT.set(lambda b=bands, k=key: b.submitted(k))  # type: ignore[misc]
+                    PREFILL_ORDER.set(bands.order_of(key))
+                    try:
+                        for ev in self._events(gen, prepared, params, cancel):
+                            state.n += 1
+                            ticket.produced = state.n
+                            state.last_t = ev.t
+                            state.ids_per_event = state.ids_per_event and ev.token_id >= 0
+                            if state.first_t is None and ev.text:
+                                state.first_t = ev.t
+                            released, stopped = stopper.feed(ev.text)
+                            if released:
+                                state.text.append(released)
+                                yield AnswerEvent("token", text=released, tokens=state.n)
+                            if stopped:
+                                state.stop = stopper.matched
+                                break
+                            if cancel.is_set():
+                                break
+                        break
+                    except Exception as exc:
+                        # A stream that dies before its first token on an engine that cannot be
+                        # reached is tried once more on another engine in rotation (app.fleet).
+                        if retried or state.n or not engine_gone(exc):
+                            raise
+                        engine.health.mark_down(f"{type(exc).__name__}: {exc}")
+                        moved = self._elsewhere(prepared, engine, cancel, arrival_key)
+                        if moved is None:
+                            raise
+                        log.warning("engine %s failed before the first token (%s); retrying on %s",
+                                    engine.id, exc, moved[0].engine_id)
+                        bands.submitted(pending)
+                        slot.__exit__(None, None, None)
+                        prepared, engine, slot, pending, ticket = moved
+                        gen, bands, retried = engine.generator, engine.bands, True
+                        before_stats = gen.last_stats
+                        state.granted_t = time.perf_counter()
                 held = stopper.flush()
                 if held:
                     state.text.append(held)
@@ -648,6 +665,58 @@ class AnswerPipeline:
             yield AnswerEvent("error", summary=summary)
         else:
             yield AnswerEvent("final", summary=summary)
+
+    @staticmethod
+    def _events(gen: Any, p: Prepared, params: GenParams, cancel: threading.Event) -> Iterator[TokenEvent]:
+        """``gen``'s token events for ``p``'s prompt, the stream closed on every exit (closing():
+        the generator releases the model lock and finalises its stats even when the consumer
+        stops early: cancel, client gone, stop string)."""
+        with _closing(gen.stream(p.prompt.ids, cached_prefix_ids=p.prompt.scaffold_ids, params=params,
+                                 cancel=cancel, messages=p.prompt.messages or None)) as it:
+            yield from it
+
+    def _elsewhere(self, p: Prepared, failed: FleetEngine, cancel: threading.Event,
+                   arrival_key: int | None) -> tuple[Prepared, FleetEngine, Any, int, Ticket] | None:
+        """Move ``p``, whose stream died before its first token on ``failed`` (out of rotation now),
+        to the engine in rotation whose plan carries the most context in what is left of its budget
+        (:func:`latency_model.fleet.choose` with the time spent so far); wait for a place there,
+        bind k on it (:meth:`bind`) and count its prefill. Returns ``(prepared, engine, entered
+        slot, pending key, ticket)``; None when no other engine is in rotation or the wait was
+        cancelled. The plan's ``fleet`` record says ``retried_from`` and why."""
+        others = [e for e in self.engines.values() if e.healthy and e is not failed]
+        if not others:
+            return None
+        spent = (time.perf_counter() - p.arrival_t) * 1000.0
+        looks = self._look(others, p.full_prompt)
+        views = [EngineView(e.id, look["planner_profile"], look["wait_ms"],
+                            int(e.generator.context_window), scaffold_cached=look["cached"],
+                            in_flight=e.in_flight()) for e, look in looks]
+        choice = self._choose(views, p.full_prompt, p.budget_ms, p.max_new_tokens, spent)
+        target, plan_there = self._target(choice, views, p.full_prompt, p.budget_ms, p.max_new_tokens, spent,
+                                     looks)
+        engine = self.engines[target]
+        look = dict(looks)[engine]
+        fleet = {**choice.to_dict(), "retried_from": failed.id, "retry_reason": failed.health.reason}
+        moved = replace(p, engine_id=target, profile=look["profile"], scaffold_cached=look["cached"],
+                        planner_profile=look["planner_profile"], correction=look["correction"],
+                        fleet=fleet)
+        moved = replace(moved, plan=plan_there)
+        ticket = self._ticket(moved)
+        slot = engine.sync_slots().slot(cancel, ticket)
+        try:
+            slot.__enter__()
+        except Cancelled:
+            return None
+        try:
+            with engine.bands.admit_lock:
+                moved = self.bind(moved, arrival_key=arrival_key)
+                ticket.prefill_ms = self._ticket(moved).prefill_ms
+                moved = replace(moved, granted_band=engine.bands.batched(moved.profile, moved.profile))
+                pending = engine.bands.expect_prefill(moved)
+        except BaseException:
+            slot.__exit__(None, None, None)
+            raise
+        return moved, engine, slot, pending, ticket
 
     def _admission(self, p: Prepared, state: InFlight, receipt_id: str | None) -> Admission:
         """The :class:`Admission` of ``p`` as it gets the model (plan and prediction as its summary)."""

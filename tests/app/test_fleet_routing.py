@@ -284,3 +284,70 @@ def test_replay_regenerates_on_the_recorded_engine_or_says_it_is_gone(
     assert err.value.code == "unknown_engine"
     assert replay_receipt(other, got.receipt_id).ok  # without regenerating it still replays
     other.close()
+
+
+# --- faults -------------------------------------------------------------------------------
+class DyingGenerator(EchoGenerator):
+    """Streams ``after`` tokens, then fails as a remote engine whose connection was refused or cut."""
+
+    def __init__(self, tokenizer: CharTokenizer, after: int) -> None:
+        super().__init__(tokenizer)
+        self.after = after
+        self.calls = 0
+
+    def stream(self, prompt_ids: list[int], **kwargs: Any) -> Iterator[Any]:
+        import httpx
+
+        from foundation.errors import BackendError
+
+        self.calls += 1
+        for i, ev in enumerate(super().stream(prompt_ids, **kwargs)):
+            if i == self.after:
+                break
+            yield ev
+        try:
+            raise httpx.ConnectError("[Errno 111] Connection refused")
+        except httpx.ConnectError as exc:
+            raise BackendError(f"remote generation failed: {exc}") from exc
+
+
+def test_a_stream_that_dies_before_its_first_token_is_answered_once_by_another_engine(
+        profiles: dict[str, Profile], tmp_path: Path) -> None:
+    from receipts.chain import get_receipt_row, parse_body
+    from receipts.verify import verify_chain
+
+    services = fleet_services(tmp_path, profiles)
+    dying = DyingGenerator(services.tokenizer, after=0)  # type: ignore[arg-type]
+    dying.identity = dict(IDENTITY)
+    services.__dict__["generator"] = dying  # engine "fast" refuses
+    pipe = AnswerPipeline(services)
+    got = pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=60_000.0))
+    assert dying.calls == 1 and got.status == "ok" and got.text == "fake answer"
+    assert got.predicted.engine_id == "slow" and not pipe.engines["fast"].healthy
+    body = parse_body(get_receipt_row(services.engine, got.receipt_id).body)
+    assert body["generator"]["engine_id"] == "slow" and body["plan"]["fleet"]["retried_from"] == "fast"
+    assert body["status"] == "ok"
+    assert verify_chain(services.engine).ok
+    # the next answer does not try the engine out of rotation
+    again = pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=60_000.0))
+    assert again.predicted.engine_id == "slow" and dying.calls == 1
+    services.close()
+
+
+def test_an_engine_that_dies_mid_answer_ends_it_with_backend_error_and_its_receipt(
+        profiles: dict[str, Profile], tmp_path: Path) -> None:
+    from receipts.chain import get_receipt_row, parse_body
+
+    services = fleet_services(tmp_path, profiles)
+    dying = DyingGenerator(services.tokenizer, after=3)  # type: ignore[arg-type]
+    dying.identity = dict(IDENTITY)
+    services.__dict__["generator"] = dying
+    pipe = AnswerPipeline(services)
+    got = pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=60_000.0))
+    assert got.status == "failed" and got.error is not None and got.error.code == "backend_error"
+    assert got.text == "fak" and dying.calls == 1  # not retried: tokens were already sent
+    assert got.receipt_status == "written"
+    body = parse_body(get_receipt_row(services.engine, got.receipt_id).body)
+    assert body["status"] == "failed" and body["generator"]["engine_id"] == "fast"
+    assert not pipe.engines["fast"].healthy
+    services.close()
