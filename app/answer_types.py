@@ -252,6 +252,11 @@ class Advice(BaseModel):
     late_binding: bool = Field(True, description="an answer would choose k again when it gets the model")
     correction: dict[str, Any] | None = Field(None, description="the profile's online correction "
                                               "(latency_model.correction.CorrectionState), None when off")
+    engine_id: str | None = Field(None, description="the engine an answer would be routed to now "
+                                  "('default' when one engine is configured)")
+    fleet: dict[str, Any] | None = Field(None, description="the fleet planner's choice: the engine, k, "
+                                         "whether it fits, and every engine's prediction for that k "
+                                         "(latency_model.fleet.FleetChoice)")
 
 
 class AdviceCurve(BaseModel):

@@ -108,6 +108,12 @@ class GenerationQueue:
     def _full(self) -> bool:
         return len(self._running_places) >= self.slots
 
+    def full(self) -> bool:
+        """True when a request arriving now would be refused with :class:`Busy` (every slot runs
+        and ``queue_max`` wait)."""
+        with self._cond:
+            return self._full() and len(self._waiting) >= self.queue_max
+
     @property
     def depth(self) -> int:
         """Requests waiting now (not counting the one running)."""

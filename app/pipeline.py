@@ -198,6 +198,9 @@ class AnswerPipeline:
                 and rejoins when it answers: :class:`app.fleet.EngineHealth`).
         """
         up = [e for e in self.engines.values() if e.healthy]
+        for e in self.engines.values():
+            if not e.healthy:
+                self.metrics.engine_state(e.id, False, None)
         if not up:
             down = {e.id: e.health.reason for e in self.engines.values()}
             raise Unavailable(f"no engine is in rotation ({'; '.join(f'{k}: {v}' for k, v in down.items())})",
@@ -286,10 +289,12 @@ class AnswerPipeline:
         (:meth:`PlanBands.planner_profile`), whether it caches ``full``'s scaffold, its queue's
         predicted wait (other clients' load included) and depth. An engine without a profile
         (``UnknownProfile``: never calibrated, no prior possible) is left out while others
-        have one; when none has, the first engine's error is raised."""
+        have one; when none has, the first engine's error is raised. An engine whose queue is
+        full (a new request would be refused 429) is left out while another is not."""
         out: list[tuple[FleetEngine, dict[str, Any]]] = []
         first_error: RagBudgetError | None = None
-        for e in engines:
+        open_ = [e for e in engines if not e.sync_slots().full()]
+        for e in open_ if open_ else engines:
             try:
                 profile = e.profile() if e.position else self.profile()
             except RagBudgetError as exc:
@@ -301,10 +306,12 @@ class AnswerPipeline:
             e.sync_slots()
             e.start_load(profile)
             planner_profile, correction = e.bands.planner_profile(profile)
+            wait_ms = e.predicted_wait_ms()
+            self.metrics.engine_state(e.id, True, wait_ms)
             out.append((e, {"profile": profile, "planner_profile": planner_profile,
                             "correction": correction,
                             "cached": bool(e.generator.prefix_cached(full.scaffold_ids)),
-                            "wait_ms": e.predicted_wait_ms(), "depth": e.queue.depth}))
+                            "wait_ms": wait_ms, "depth": e.queue.depth}))
         if not out:
             assert first_error is not None
             raise first_error
@@ -502,6 +509,7 @@ class AnswerPipeline:
             predicted_wait_ms=p.predicted_wait_ms, queue_depth=p.queue_depth,
             late_binding=self.late_binding,
             correction=p.correction.to_dict() if p.correction is not None else None,
+            engine_id=p.engine_id, fleet=p.fleet,
         )
 
     # --- answer ------------------------------------------------------------------
@@ -619,6 +627,7 @@ class AnswerPipeline:
                         if retried or state.n or not engine_gone(exc):
                             raise
                         engine.health.mark_down(f"{type(exc).__name__}: {exc}")
+                        self.metrics.engine_retries.labels(engine=engine.id).inc()
                         moved = self._elsewhere(prepared, engine, cancel, arrival_key)
                         if moved is None:
                             raise

@@ -158,6 +158,34 @@ def test_the_answer_goes_to_the_engine_that_carries_more_context_and_the_receipt
     assert by_id["slow"]["ttft_p95_ms"] > by_id["fast"]["ttft_p95_ms"]  # both priced at the fleet's k
     assert body["plan"]["profile_id"] == pipe.engines["fast"].profile().id
     assert verify_chain(fleet.engine).ok
+    metrics = pipe.metrics.render().decode()
+    assert 'ragbudget_engine_answers_total{engine="fast",status="ok"} 1.0' in metrics
+    assert 'ragbudget_engine_up{engine="slow"} 1.0' in metrics
+
+
+def test_an_engine_whose_queue_is_full_is_passed_over_rather_than_refusing(
+        profiles: dict[str, Profile], tmp_path: Path) -> None:
+    from app.genqueue import Ticket
+
+    services = fleet_services(tmp_path, profiles, queue_max=0)
+    pipe = AnswerPipeline(services)
+    slow = pipe.engines["slow"]
+    slow.sync_slots()
+    with slow.queue.slot(None, Ticket(prefill_ms=1.0, tpot_ms=1.0, max_new_tokens=1)):
+        assert slow.queue.full()
+        fast = pipe.engines["fast"]
+        fast.sync_slots()
+        with fast.queue.slot(None, Ticket(prefill_ms=1.0, tpot_ms=1.0, max_new_tokens=1)):
+            from foundation.errors import Busy
+
+            with pytest.raises(Busy):  # every engine full: 429 as with one engine
+                pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=60_000.0))
+    with slow.queue.slot(None, Ticket(prefill_ms=1.0, tpot_ms=1.0, max_new_tokens=1)):
+        got = pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=60_000.0))
+        assert got.status == "ok" and got.predicted.engine_id == "fast"
+        planned = pipe.prepare(AnswerRequest(QUESTION)).fleet["predictions"]
+        assert [p["engine_id"] for p in planned] == ["fast"]  # the full engine was not planned
+    services.close()
 
 
 def test_a_busy_engine_loses_the_request_to_one_that_can_still_carry_context(fleet: Services) -> None:
@@ -331,6 +359,9 @@ def test_a_stream_that_dies_before_its_first_token_is_answered_once_by_another_e
     # the next answer does not try the engine out of rotation
     again = pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=60_000.0))
     assert again.predicted.engine_id == "slow" and dying.calls == 1
+    metrics = pipe.metrics.render().decode()
+    assert 'ragbudget_engine_retries_total{engine="fast"} 1.0' in metrics
+    assert 'ragbudget_engine_up{engine="fast"} 0.0' in metrics
     services.close()
 
 
