@@ -144,6 +144,8 @@ class FleetEngine:
         self.health = EngineHealth(config.id, probe, interval, config.api_key)
         self._load: SlotLoad | None = None
         self._load_lock = threading.Lock()
+        #: The id of the profile the latest plan on this engine used (None before one).
+        self.profile_id: str | None = None
 
     @property
     def generator(self) -> Generator:

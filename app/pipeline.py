@@ -207,6 +207,14 @@ class AnswerPipeline:
                               code="engine_unavailable", engines=down)
         return up
 
+    def bands_of(self, profile_id: str) -> PlanBands:
+        """The planning bands (and online correction) of the engine that last planned with the
+        profile ``profile_id``; the first engine's when none has."""
+        for e in self.engines.values():
+            if e.profile_id == profile_id:
+                return e.bands
+        return self.bands
+
     def fleet_status(self) -> list[dict[str, object]]:
         """Every engine's :meth:`app.fleet.FleetEngine.status`, in configured order."""
         return [e.status() for e in self.engines.values()]
@@ -305,6 +313,7 @@ class AnswerPipeline:
                 continue
             e.sync_slots()
             e.start_load(profile)
+            e.profile_id = profile.id
             planner_profile, correction = e.bands.planner_profile(profile)
             wait_ms = e.predicted_wait_ms()
             self.metrics.engine_state(e.id, True, wait_ms)

@@ -201,6 +201,12 @@ def test_a_busy_engine_loses_the_request_to_one_that_can_still_carry_context(fle
         got = pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=budget))
     assert got.predicted.engine_id == "slow" and got.status == "ok"
     assert fleet.__dict__["_engine_generators"]["slow"].last_stats is not None
+    # the online correction of the slow engine's profile learned from it (one per profile, and
+    # each engine has its own profile); the latency route reads it from that engine's bands
+    slow_id, fast_id = pipe.engines["slow"].profile().id, pipe.engines["fast"].profile().id
+    assert slow_id != fast_id
+    assert pipe.bands_of(slow_id) is pipe.engines["slow"].bands
+    assert pipe.bands_of(slow_id).correction_state(slow_id).n == 1
 
 
 def test_load_from_other_clients_shows_in_the_engine_s_predicted_wait(fleet: Services) -> None:
