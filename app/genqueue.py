@@ -138,6 +138,24 @@ class GenerationQueue:
         n = max(len(load) - own, 0)
         return [float(sum(load)) / len(load)] * n
 
+    def engine_wait_ms(self) -> float:
+        """For a request that holds a place but has not been sent to the engine yet: how long the
+        engine itself will keep it waiting because other clients hold its slots, ms. The engine's
+        busy slots beyond this queue's other running answers are foreign; when they and those
+        answers leave no slot for this one, it waits for as many foreign answers as it is over,
+        each at the mean remaining time of the busy slots, shared over the slots. 0 without an
+        ``engine_load``."""
+        load = self.engine_load() if self.engine_load is not None else None
+        if not load:
+            return 0.0
+        with self._cond:
+            sent = max(len(self._running_places) - 1, 0)
+        foreign = max(len(load) - sent, 0)
+        over = sent + foreign + 1 - self.slots
+        if over <= 0 or foreign == 0:
+            return 0.0
+        return float(sum(load)) / len(load) * min(over, foreign) / self.slots
+
     def _tickets(self) -> tuple[list[Ticket], list[Ticket] | None, list[float]]:
         """One snapshot under the lock: ``(running tickets, waiting tickets, foreign slots' remaining
         ms)``, the second None while a place is free (the engine's foreign load counted) and no one

@@ -406,7 +406,9 @@ class AnswerPipeline:
         time already spent (auth, retrieval, queue wait); the plan gets the budget minus
         that, under the profile (and online correction) in force now, and the prompt is
         rebuilt for the chosen k. The retrieval and candidate list are those of arrival.
-        The time this takes is added to ``planning_ms``. With ``room_for_arrivals`` the k is
+        The time this takes is added to ``planning_ms``. On a remote engine whose slots other
+        clients hold (its ``/slots``), the wait the engine itself will add is counted too
+        (:meth:`GenerationQueue.engine_wait_ms`). With ``room_for_arrivals`` the k is
         capped so the requests arrived meanwhile (all but ``arrival_key``, this request's own
         :meth:`Arrivals.arrive` key) keep room to answer (:meth:`Arrivals.room`).
         """
@@ -415,8 +417,10 @@ class AnswerPipeline:
         spent_ms = max((now_t - p.arrival_t) * 1000.0, 0.0)
         engine = self.engine_of(p)
         planner_profile, correction = engine.bands.planner_profile(p.profile)
+        # a remote engine whose slots other clients hold keeps this request waiting there
+        ahead_ms = engine.queue.engine_wait_ms()
         plan = self._plan(p.full_prompt, p.scaffold_cached, p.budget_ms, p.max_new_tokens,
-                          planner_profile, spent_ms, engine)
+                          planner_profile, spent_ms + ahead_ms, engine)
         if self.room_for_arrivals:
             plan = self.arrivals.room(plan, p, spent_ms, now_t, arrival_key, engine.bands)
         prompt = p.prompt

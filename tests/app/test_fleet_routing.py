@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.server
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -231,10 +232,18 @@ def test_load_from_other_clients_shows_in_the_engine_s_predicted_wait(fleet: Ser
     pred = {p["engine_id"]: p for p in advice.fleet["predictions"]}
     assert pred["fast"]["predicted_wait_ms"] == pytest.approx(40 * tpot)
     assert pred["slow"]["predicted_wait_ms"] == 0.0
-    # once ragbudget's own answer holds that slot, the busy slot is its own: no foreign load
+    # once ragbudget's own answer holds that slot, the busy slot is its own: no foreign load;
+    # but one granted a place and not yet sent waits there behind the other client's answer,
+    # which its late-bound plan counts
     fast.sync_slots()
     with fast.queue.slot(None, None):
         assert fast.queue.foreign() == []
+        assert fast.queue.engine_wait_ms() == pytest.approx(40 * tpot)
+        bound = pipe.bind(replace(advice, engine_id="fast"))
+        spent = bound.plan.overhead_ms - 40 * tpot
+        assert 0.0 <= spent < 60_000.0
+    fast.load._reading = None
+    assert fast.queue.engine_wait_ms() == 0.0
 
 
 def test_engines_out_of_rotation_get_nothing_and_none_left_is_engine_unavailable(
