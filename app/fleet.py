@@ -23,6 +23,7 @@ The pipeline plans each answer over every engine in rotation with
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -83,6 +84,7 @@ class EngineHealth:
         self.down_since: float | None = None
         self.downs = 0  # times taken out of rotation
         self._prober: threading.Thread | None = None
+        self._closed = threading.Event()
 
     def mark_down(self, reason: str) -> None:
         """Take the engine out of rotation and start probing it (no-op without a probe URL)."""
@@ -113,9 +115,12 @@ class EngineHealth:
                 log.warning("engine %s back in rotation", self.engine_id)
         return ok
 
+    def close(self) -> None:
+        """Stop probing (the probe thread ends within one interval)."""
+        self._closed.set()
+
     def _probe_loop(self) -> None:
-        while True:
-            time.sleep(self.interval_s)
+        while not self._closed.wait(self.interval_s):
             if self.probe():
                 return
 
@@ -217,6 +222,16 @@ class FleetEngine:
         """ragbudget's requests running or waiting on this engine."""
         q = self.queue
         return len(q._running_places) + q.depth  # noqa: SLF001 - same room, read-only
+
+    def close(self) -> None:
+        """Stop this engine's background threads (its ``/slots`` reader and its health probe)."""
+        if self._load is not None:
+            self._load.stop()
+        self.health.close()
+
+    def __del__(self) -> None:  # a pipeline dropped without close(): its threads end too
+        with contextlib.suppress(Exception):  # at interpreter shutdown
+            self.close()
 
     def status(self) -> dict[str, Any]:
         """A JSON-ready summary: id, kind, base URL, health, slots, queue depth, predicted wait."""

@@ -207,6 +207,11 @@ class AnswerPipeline:
                               code="engine_unavailable", engines=down)
         return up
 
+    def close(self) -> None:
+        """Stop the engines' background threads (:meth:`app.fleet.FleetEngine.close`)."""
+        for e in self.engines.values():
+            e.close()
+
     def bands_of(self, profile_id: str) -> PlanBands:
         """The planning bands (and online correction) of the engine that last planned with the
         profile ``profile_id``; the first engine's when none has."""
