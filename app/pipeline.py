@@ -52,6 +52,7 @@ append; should the process die before that, the next start records the answer as
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -118,6 +119,13 @@ class AnswerPipeline:
         self.online_correction = bool(self.settings.online_correction)
         self.live_speed = bool(self.settings.correction_live_speed)
         self.room_for_arrivals = bool(getattr(self.settings, "room_for_arrivals", True))
+        # The baselines a fleet benchmark compares the joint choice with (benchmarks/fleet.py):
+        # "round_robin" (a plain load balancer) or "least_ttft" (the engine with the least
+        # predicted TTFT at the given k, llm-d's idea), each at ``fixed_k``; "joint": the
+        # fleet planner's engine and k (the product's behaviour).
+        self.routing = "joint"
+        self.fixed_k: int | None = None
+        self._round_robin = itertools.count()
         self._lock = threading.Lock()
         # Each engine's queue, planning band (the online correction and the answers granted but
         # not yet seen by the engine: app.plan_bands, reading the switches above when used) and
@@ -277,7 +285,10 @@ class AnswerPipeline:
                             int(e.generator.context_window), scaffold_cached=look["cached"],
                             in_flight=e.in_flight()) for e, look in looks]
         choice = self._choose(views, full, budget, max_new, overhead_ms)
-        engine_id, plan = self._target(choice, views, full, budget, max_new, overhead_ms, looks)
+        if self.routing == "joint":
+            engine_id, plan = self._target(choice, views, full, budget, max_new, overhead_ms, looks)
+        else:
+            engine_id, plan = self._baseline(views, full, budget, max_new, overhead_ms)
         look = dict(looks)[self.engines[engine_id]]
         profile, planner_profile, correction = look["profile"], look["planner_profile"], look["correction"]
         cached, wait_ms, depth = look["cached"], look["wait_ms"], look["depth"]
@@ -338,6 +349,30 @@ class AnswerPipeline:
                       chunk_tokens=list(full.chunk_token_counts), budget_ms=budget,
                       max_new_tokens=max_new, overhead_ms=overhead_ms,
                       extra_tokens=full.framing_tokens + full.history_tokens)
+
+    def _fixed(self, plan: Plan) -> Plan:
+        """``plan`` at ``fixed_k`` (capped at the candidates), binding ``fixed``, when it is set."""
+        if self.fixed_k is None:
+            return plan
+        return replace(plan, chosen_k=min(int(self.fixed_k), len(plan.rows) - 1), binding="fixed")
+
+    def _baseline(self, views: list[EngineView], full: Prompt, budget: float, max_new: int,
+                  overhead_ms: float) -> tuple[str, Plan]:
+        """The engine and plan of a baseline ``routing`` (benchmarks only): ``round_robin`` takes
+        the engines in turn; ``least_ttft`` the one with the least predicted p95 TTFT (its wait
+        plus the prefill) at ``fixed_k``; either at ``fixed_k`` when set."""
+        plans = [(v, self._choose([v], full, budget, max_new, overhead_ms).plan) for v in views]
+        if self.routing == "round_robin":
+            view, plan = plans[next(self._round_robin) % len(plans)]
+        else:
+            def ttft(item: tuple[EngineView, Plan | None]) -> float:
+                v, pl = item
+                assert pl is not None
+                k = min(int(self.fixed_k or 0), len(pl.rows) - 1)
+                return v.predicted_wait_ms + pl.rows[k].ttft_p95_ms
+            view, plan = min(plans, key=ttft)
+        assert plan is not None
+        return view.engine_id, self._fixed(plan)
 
     def _target(self, choice: FleetChoice, views: list[EngineView], full: Prompt, budget: float,
                 max_new: int, overhead_ms: float,
@@ -426,7 +461,9 @@ class AnswerPipeline:
         ahead_ms = engine.queue.engine_wait_ms()
         plan = self._plan(p.full_prompt, p.scaffold_cached, p.budget_ms, p.max_new_tokens,
                           planner_profile, spent_ms + ahead_ms, engine)
-        if self.room_for_arrivals:
+        if self.fixed_k is not None:
+            plan = self._fixed(plan)
+        elif self.room_for_arrivals:
             plan = self.arrivals.room(plan, p, spent_ms, now_t, arrival_key, engine.bands)
         prompt = p.prompt
         k = plan.chosen_k if plan.chosen_k is not None else 0
