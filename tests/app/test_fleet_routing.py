@@ -397,3 +397,15 @@ def test_an_engine_that_dies_mid_answer_ends_it_with_backend_error_and_its_recei
     assert body["status"] == "failed" and body["generator"]["engine_id"] == "fast"
     assert not pipe.engines["fast"].healthy
     services.close()
+
+
+def test_the_benchmark_baselines_route_in_turn_or_by_least_ttft_at_a_fixed_k(fleet: Services) -> None:
+    pipe = AnswerPipeline(fleet)
+    pipe.routing, pipe.fixed_k = "round_robin", 2
+    got = [pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=1.0)) for _ in range(4)]
+    assert [g.predicted.engine_id for g in got] == ["fast", "slow", "fast", "slow"]
+    assert {(g.chosen_k, g.binding) for g in got} == {(2, "fixed")}  # whatever the budget
+    pipe.routing = "least_ttft"
+    assert {pipe.answer(AnswerRequest(QUESTION)).predicted.engine_id for _ in range(2)} == {"fast"}
+    pipe.routing, pipe.fixed_k = "joint", None
+    assert pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=1.0)).binding == "nothing_fits"
