@@ -409,3 +409,15 @@ def test_the_benchmark_baselines_route_in_turn_or_by_least_ttft_at_a_fixed_k(fle
     assert {pipe.answer(AnswerRequest(QUESTION)).predicted.engine_id for _ in range(2)} == {"fast"}
     pipe.routing, pipe.fixed_k = "joint", None
     assert pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=1.0)).binding == "nothing_fits"
+
+
+def test_calibrate_times_the_engine_it_is_given(fleet: Services) -> None:
+    from app.cli.latency_cmds import calibrate_profile
+
+    got = calibrate_profile(fleet, quick=True, cached_tokens=[], progress=False, save=False, engine="slow")
+    assert got["engine_id"] == "slow" and got["device_name"] == SLOW_IDENTITY["device_name"]
+    first = calibrate_profile(fleet, quick=True, cached_tokens=[], progress=False, save=False)
+    assert first["engine_id"] == "fast" and first["device_name"] == IDENTITY["device_name"]
+    with pytest.raises(NotFound) as err:
+        calibrate_profile(fleet, quick=True, cached_tokens=[], progress=False, save=False, engine="gone")
+    assert err.value.code == "unknown_engine"
