@@ -15,11 +15,13 @@ answer pipeline, in three arms over the same servers:
   on the engine when the request gets a place (late binding).
 
 The fixed k of ``rr`` and ``least`` is, per budget, the k the planner gives the first question
-on an idle engine (an operator's best static setting). With ``--flood ENGINE`` another client
+on an idle engine (an operator's best static setting), at least 1 so they carry context. The
+joint arm asks to be refused fast (``on_budget_miss: reject``, 503 with Retry-After) when no
+engine can make k = 0; the baselines cannot refuse. With ``--flood ENGINE`` another client
 sends long completions straight to that engine (not through ragbudget) during every arm.
 
-Per arm and budget: share of answers within the budget, mean k, goodput (answers within
-budget per minute), TTFT p50/p95, each engine's share of the answers.
+Per arm and budget: share of answered requests within the budget, share refused fast, mean k,
+goodput (answers within budget per minute), TTFT p50/p95, each engine's share of the answers.
 
     RAGBUDGET_DATA_DIR=bench-data python -m benchmarks.fleet --clients 4 --rounds 3 \\
         --budgets 1500 3000 --json benchmarks/results/fleet.json [--flood a]
@@ -78,7 +80,8 @@ def run_arm(pipe: Any, arm: str, fixed_k: dict[float, int], questions: list[str]
             q = questions[(c * rounds + r) % len(questions)]
             t0 = time.perf_counter()
             try:
-                a = pipe.answer(AnswerRequest(q, ttft_budget_ms=budget, max_new_tokens=max_new_tokens))
+                a = pipe.answer(AnswerRequest(q, ttft_budget_ms=budget, max_new_tokens=max_new_tokens,
+                                              on_budget_miss="reject" if arm == "joint" else "answer"))
                 row = {"arm": arm, "budget_ms": budget, "status": a.status, "ttft_ms": a.timings.ttft_ms,
                        "k": a.chosen_k, "engine": a.predicted.engine_id, "within": a.within_budget}
             except RagBudgetError as exc:
@@ -112,16 +115,19 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             sel = [r for r in rows if r["arm"] == arm and r["budget_ms"] == budget]
             if not sel:
                 continue
-            ttfts = [r["ttft_ms"] for r in sel if r["ttft_ms"] is not None]
-            ks = [r["k"] for r in sel if r["k"] is not None]
-            within = sum(1 for r in sel if r["within"])
-            engines = Counter(r["engine"] for r in sel if r["engine"])
+            answered = [r for r in sel if r["engine"]]
+            ttfts = [r["ttft_ms"] for r in answered if r["ttft_ms"] is not None]
+            ks = [r["k"] for r in answered if r["k"] is not None]
+            within = sum(1 for r in answered if r["within"])
+            engines = Counter(r["engine"] for r in answered)
             out[f"{arm}@{budget:.0f}"] = {
-                "answers": len(sel), "within_budget": within / len(sel),
+                "requests": len(sel), "answers": len(answered),
+                "within_budget": within / len(answered) if answered else None,
+                "refused_fast": sum(1 for r in sel if r["status"] == "budget_unreachable") / len(sel),
                 "mean_k": sum(ks) / len(ks) if ks else None,
                 "goodput_per_min": within / sel[0]["run_minutes"],
                 "ttft_p50_ms": quantile_or_none(ttfts, 0.5), "ttft_p95_ms": quantile_or_none(ttfts, 0.95),
-                "engine_share": {e: n / len(sel) for e, n in sorted(engines.items())},
+                "engine_share": {e: n / len(answered) for e, n in sorted(engines.items())},
                 "statuses": dict(Counter(r["status"] for r in sel))}
     return out
 
@@ -173,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         questions = [q["question"] for q in default_questions(services.data_dir, 10, 0)]
         from app.answer_state import AnswerRequest
 
-        fixed_k = {b: int(pipe.prepare(AnswerRequest(questions[0], ttft_budget_ms=b)).plan.chosen_k or 0)
-                   for b in args.budgets}
+        fixed_k = {b: max(int(pipe.prepare(AnswerRequest(questions[0], ttft_budget_ms=b)).plan.chosen_k
+                                  or 0), 1) for b in args.budgets}
         stop = threading.Event()
         flood = _flood(servers[args.flood].base_url, stop) if args.flood else []
         rows: list[dict[str, Any]] = []
@@ -193,10 +199,10 @@ def main(argv: list[str] | None = None) -> int:
                   "flood": args.flood, "summary": summary, "rows": rows}
         print(machine_line())
         print(f"fixed k (rr, least): {fixed_k}; flood: {args.flood}")
-        print(f"{'arm@budget':<14} {'n':>3} {'within':>7} {'mean k':>7} {'goodput/min':>11} "
-              f"{'p50 ms':>8} {'p95 ms':>8}  engines")
+        print(f"{'arm@budget':<14} {'n':>3} {'within':>7} {'refused':>7} {'mean k':>7} "
+              f"{'goodput/min':>11} {'p50 ms':>8} {'p95 ms':>8}  engines")
         for name, s in summary.items():
-            print(f"{name:<14} {s['answers']:>3} {s['within_budget']:>7.0%} "
+            print(f"{name:<14} {s['requests']:>3} {s['within_budget'] or 0.0:>7.0%} {s['refused_fast']:>7.0%} "
                   f"{(s['mean_k'] if s['mean_k'] is not None else float('nan')):>7.2f} "
                   f"{s['goodput_per_min']:>11.1f} {s['ttft_p50_ms'] or float('nan'):>8.0f} "
                   f"{s['ttft_p95_ms'] or float('nan'):>8.0f}  {s['engine_share']}")
