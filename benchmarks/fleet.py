@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'arm@budget':<14} {'n':>3} {'within':>7} {'refused':>7} {'mean k':>7} "
               f"{'goodput/min':>11} {'p50 ms':>8} {'p95 ms':>8}  engines")
         for name, s in summary.items():
-            print(f"{name:<14} {s['requests']:>3} {s['within_budget'] or 0.0:>7.0%} {s['refused_fast']:>7.0%} "
+            print(f"{name:<14} {s['requests']:>3} {s['within_budget'] or 0.0:>7.0%} "
+                  f"{s['refused_fast']:>7.0%} "
                   f"{(s['mean_k'] if s['mean_k'] is not None else float('nan')):>7.2f} "
                   f"{s['goodput_per_min']:>11.1f} {s['ttft_p50_ms'] or float('nan'):>8.0f} "
                   f"{s['ttft_p95_ms'] or float('nan'):>8.0f}  {s['engine_share']}")
