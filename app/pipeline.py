@@ -33,6 +33,14 @@ caps k at the largest that still lets each of them, priced behind it at p95 with
 k = 0 and the time it has already spent, answer within its own budget (binding
 ``arrivals``); a request that could not make it even then is not counted.
 
+Engines (:mod:`app.fleet`; ``RAGBUDGET_ENGINES``, one engine ``default`` without a list): on
+arrival every engine in rotation is planned for with its own profile, correction, predicted
+wait (other clients' load included) and context window, and
+:func:`latency_model.fleet.choose` picks the engine and k that carry the most context within
+the budget; the request joins that engine's queue, and :meth:`AnswerPipeline.bind` chooses k
+again on it. A stream that dies before its first token on an engine that cannot be reached
+takes that engine out of rotation and is answered once by another (:meth:`_elsewhere`).
+
 When even ``k = 0`` cannot make the budget (``on_budget_miss``): ``answer``
 answers anyway with ``binding == "nothing_fits"``; ``reject`` raises
 :class:`foundation.errors.BudgetUnreachable` (503, no receipt), on arrival when
