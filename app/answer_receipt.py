@@ -78,7 +78,8 @@ class AnswerReceipts:
         spooled as :meth:`deliver` says; ``summary.receipt_status`` tells which.
         """
         summary, out_ids, prefill_ms = self.summary(p, state)
-        self._pipeline.bands.learn(p, state.stats, prefill_ms, (state.granted_t, state.last_t))
+        # the online correction of the engine that answered (app.fleet: one per engine)
+        self._pipeline.engine_of(p).bands.learn(p, state.stats, prefill_ms, (state.granted_t, state.last_t))
         try:
             engine_prompt = state.stats.engine_prompt if state.stats is not None else None
             body = self.body(p, params, summary, out_ids, engine_prompt)
@@ -190,7 +191,7 @@ class AnswerReceipts:
                 p95_multiplier=corr.p95_multiplier if corr is not None else None,
                 machine_speed=corr.speed if corr is not None else None,
                 correction_group=corr.group if corr is not None else None,
-                batch=batch_of(p.planner_profile)),
+                batch=batch_of(p.planner_profile), engine_id=p.engine_id),
             timings=AnswerTimings(
                 queue_ms=state.queue_ms, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
                 retrieval_ms=p.timings_ms.get("retrieval_ms"),
@@ -233,7 +234,7 @@ class AnswerReceipts:
         """The receipt body of ``summary`` (validated; ``output`` null unless ``with_output``)."""
         from receipts.schema import build_receipt_body
 
-        gen = self._pipeline.services.generator
+        gen = self._pipeline.engine_of(p).generator
         r = p.retrieval
         ident = dict(gen.identity)
         text = summary.text
@@ -259,12 +260,16 @@ class AnswerReceipts:
                   "overhead_ms": p.timings_ms.get("overhead_ms"),
                   "scaffold_cached": p.scaffold_cached, "rows": p.plan.to_dict().get("rows", []),
                   "predicted_wait_ms": p.predicted_wait_ms, "late_bound": p.late_bound,
-                  "correction": p.correction.to_dict() if p.correction is not None else None},
+                  "correction": p.correction.to_dict() if p.correction is not None else None,
+                  # the engine routed to, and every engine's prediction on arrival (latency_model.fleet)
+                  "engine_id": p.engine_id,
+                  **({"fleet": p.fleet} if p.fleet is not None else {})},
             scaffold={"id": p.scaffold.id, "name": p.scaffold.name, "hash": p.scaffold.hash},
             prompt={"token_ids_hash": p.prompt.prompt_hash, "prompt_tokens": summary.tokens.prompt,
                     "cached_tokens": summary.tokens.cached,
                     "computed_tokens": summary.tokens.computed},
-            generator={"backend": ident.get("backend"), "model_id": ident.get("model_id"),
+            generator={"engine_id": p.engine_id,
+                       "backend": ident.get("backend"), "model_id": ident.get("model_id"),
                        "weights_hash": ident.get("weights_hash"), "dtype": ident.get("dtype"),
                        "device": ident.get("device"),
                        "params": {**params.to_dict(), "stop": list(p.request.stop)},

@@ -5,7 +5,7 @@ what was decided before generation (:class:`Prepared`), what the stream produced
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.answer_types import Answer, AnswerError, AnswerStatus, PredictedTTFT
 from app.conversation import Turn
@@ -62,7 +62,12 @@ class Prepared:
     ``correction`` its correction state (None when off); ``late_bound``: the plan was made
     again when the request got the model (:meth:`AnswerPipeline.bind`); ``granted_band``:
     the uncorrected, batch-aware prediction as it stood when the request got the model
-    (what the online correction learns against, whether or not the plan was made then).
+    (what the online correction learns against, whether or not the plan was made then);
+    ``engine_id``: the engine the request was routed to (``profile``, ``planner_profile``,
+    ``correction``, ``scaffold_cached``, ``predicted_wait_ms`` and ``queue_depth`` are that
+    engine's); ``fleet``: the fleet planner's choice on arrival
+    (:meth:`latency_model.fleet.FleetChoice.to_dict`: every engine's prediction), None when
+    it was not made.
     """
 
     request: AnswerRequest
@@ -85,6 +90,8 @@ class Prepared:
     correction: CorrectionState | None = None
     late_bound: bool = False
     granted_band: PrefillBand | None = None
+    engine_id: str = "default"
+    fleet: dict[str, Any] | None = None
 
 
 @dataclass

@@ -107,6 +107,9 @@ class PredictedTTFT(BaseModel):
                                          "None: the pooled window, or correction off")
     batch: PlanBatch | None = Field(None, description="the engine batch the plan was made beside "
                                     "(None: planned with nothing else on the engine)")
+    engine_id: str | None = Field(None, description="the engine the answer was routed to: the "
+                                  "configured engine whose plan carried the most context within the "
+                                  "budget ('default' when one engine is configured)")
 
 
 class AnswerTimings(BaseModel):
@@ -249,6 +252,11 @@ class Advice(BaseModel):
     late_binding: bool = Field(True, description="an answer would choose k again when it gets the model")
     correction: dict[str, Any] | None = Field(None, description="the profile's online correction "
                                               "(latency_model.correction.CorrectionState), None when off")
+    engine_id: str | None = Field(None, description="the engine an answer would be routed to now "
+                                  "('default' when one engine is configured)")
+    fleet: dict[str, Any] | None = Field(None, description="the fleet planner's choice: the engine, k, "
+                                         "whether it fits, and every engine's prediction for that k "
+                                         "(latency_model.fleet.FleetChoice)")
 
 
 class AdviceCurve(BaseModel):

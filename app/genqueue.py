@@ -19,6 +19,17 @@ when several run at once (a rough share), and 0 while a slot is free. What
 the running answers add to a new answer's own prefill once it has a slot is
 priced in its plan instead (``latency_model.step_model.BatchedBand``, from the
 profile's mixed-step model).
+
+Load from other clients (``engine_load``, a remote engine that reports its slots:
+:class:`generation.remote_load.SlotLoad`): the engine's own count of busy slots, minus this
+queue's running answers, is the number of slots held by clients that bypass ragbudget. Each
+is priced as a running answer with the mean remaining time of the engine's busy slots (what
+``engine_load`` returns per busy slot: its tokens still allowed x the profile's TPOT), so a
+flooded engine shows a predicted wait before ragbudget's own answers come back late. They
+count in :meth:`GenerationQueue.predicted_wait_ms` and :meth:`GenerationQueue.retry_after_ms`
+(a slot is free only when the engine's busy slots leave one), not in
+:meth:`GenerationQueue.min_wait_ms` (a foreign answer may end at any token: a fast refusal is
+never decided on it), and never in admission (the engine queues what it cannot run at once).
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -86,6 +97,9 @@ class GenerationQueue:
         self._cond = threading.Condition()
         self._waiting: deque[object] = deque()
         self._running_places: list[object] = []
+        #: Remaining ms of every slot the engine reports busy (its own count, ragbudget's answers
+        #: included), or None when it reports none (see the module docstring).
+        self.engine_load: Callable[[], list[float] | None] | None = None
 
     @property
     def _running(self) -> bool:
@@ -93,6 +107,12 @@ class GenerationQueue:
 
     def _full(self) -> bool:
         return len(self._running_places) >= self.slots
+
+    def full(self) -> bool:
+        """True when a request arriving now would be refused with :class:`Busy` (every slot runs
+        and ``queue_max`` wait)."""
+        with self._cond:
+            return self._full() and len(self._waiting) >= self.queue_max
 
     @property
     def depth(self) -> int:
@@ -106,31 +126,63 @@ class GenerationQueue:
         with self._cond:
             return self._running
 
-    def _tickets(self) -> tuple[list[Ticket], list[Ticket] | None]:
-        """One snapshot under the lock: ``(running tickets, waiting tickets)``, the second None
-        while a place is free and no one waits (nothing to wait for). Places without a
-        :class:`Ticket` are left out (their cost is unknown)."""
+    def foreign(self) -> list[float]:
+        """Remaining ms of each engine slot held by a client that bypasses this queue: the
+        engine's busy slots beyond this queue's running answers, each priced at the mean of
+        the busy slots' remaining time (module docstring); ``[]`` without an ``engine_load``."""
+        load = self.engine_load() if self.engine_load is not None else None
+        if not load:
+            return []
+        with self._cond:
+            own = len(self._running_places)
+        n = max(len(load) - own, 0)
+        return [float(sum(load)) / len(load)] * n
+
+    def engine_wait_ms(self) -> float:
+        """For a request that holds a place but has not been sent to the engine yet: how long the
+        engine itself will keep it waiting because other clients hold its slots, ms. The engine's
+        busy slots beyond this queue's other running answers are foreign; when they and those
+        answers leave no slot for this one, it waits for as many foreign answers as it is over,
+        each at the mean remaining time of the busy slots, shared over the slots. 0 without an
+        ``engine_load``."""
+        load = self.engine_load() if self.engine_load is not None else None
+        if not load:
+            return 0.0
+        with self._cond:
+            sent = max(len(self._running_places) - 1, 0)
+        foreign = max(len(load) - sent, 0)
+        over = sent + foreign + 1 - self.slots
+        if over <= 0 or foreign == 0:
+            return 0.0
+        return float(sum(load)) / len(load) * min(over, foreign) / self.slots
+
+    def _tickets(self) -> tuple[list[Ticket], list[Ticket] | None, list[float]]:
+        """One snapshot under the lock: ``(running tickets, waiting tickets, foreign slots' remaining
+        ms)``, the second None while a place is free (the engine's foreign load counted) and no one
+        waits (nothing to wait for). Places without a :class:`Ticket` are left out (their cost is
+        unknown)."""
+        foreign = self.foreign()
         with self._cond:
             running = [t for t in self._running_places if isinstance(t, Ticket)]
-            if not self._full() and not self._waiting:
-                return running, None
-            return running, [t for t in self._waiting if isinstance(t, Ticket)]
+            if len(self._running_places) + len(foreign) < self.slots and not self._waiting:
+                return running, None, foreign
+            return running, [t for t in self._waiting if isinstance(t, Ticket)], foreign
 
     def predicted_wait_ms(self) -> float:
         """How long a request arriving now would wait for the model, ms (see the module docstring).
 
         Places without a :class:`Ticket` count 0 (their cost is unknown).
         """
-        running, waiting = self._tickets()
+        running, waiting, foreign = self._tickets()
         if waiting is None:
             return 0.0
-        return float(sum(t.remaining_ms() for t in running + waiting)) / self.slots
+        return float(sum(t.remaining_ms() for t in running + waiting) + sum(foreign)) / self.slots
 
     def min_wait_ms(self) -> float:
         """A lower bound of that wait, ms: the prefills still ahead, as if every answer ahead
         stopped at its first token. What a fast refusal is decided on, so that a request the
         model could have served in time is not refused on a pessimistic guess."""
-        running, waiting = self._tickets()
+        running, waiting, _foreign = self._tickets()
         if waiting is None:
             return 0.0
         return float(sum(t.min_remaining_ms() for t in running + waiting)) / self.slots
@@ -141,8 +193,8 @@ class GenerationQueue:
         until one running answer releases its place (the batch it would join then shrinks);
         0 when nothing with a :class:`Ticket` runs. What a fast refusal's ``Retry-After`` says.
         Both read from one snapshot of the queue."""
-        running, waiting = self._tickets()
-        left = [t.remaining_ms() for t in running]
+        running, waiting, foreign = self._tickets()
+        left = [t.remaining_ms() for t in running] + foreign
         wait = 0.0 if waiting is None else (sum(left) + sum(t.remaining_ms() for t in waiting)) / self.slots
         return float(max(wait, min(left, default=0.0)))
 

@@ -5,7 +5,10 @@ and of the predicted wait (ms); counters of answers by status, budget misses
 (measured TTFT > budget, also by cause), receipts by outcome (written, pending, failed) and
 spooled receipts appended later, fast rejections, prompt tokens (total,
 cached, computed) and output tokens; gauges of the queue depth and of the
-online correction (factor, p95 multiplier, coverage). One registry per
+online correction (factor, p95 multiplier, coverage); per configured engine (``engine`` label,
+:mod:`app.fleet`): answers by status, whether it is in rotation, its predicted wait at the
+latest arrival and the answers retried elsewhere after it failed before a first token. One
+registry per
 :class:`AnswerMetrics` so tests and apps stay apart.
 """
 
@@ -81,9 +84,30 @@ class AnswerMetrics:
                                       "window's measured prefills within their predicted p95",
                                       registry=r)
 
+        self.engine_answers = Counter("ragbudget_engine_answers", "Answers by the engine that "
+                                      "answered them and status", ["engine", "status"], registry=r)
+        self.engine_up = Gauge("ragbudget_engine_up", "1 while the engine is in rotation, 0 while it "
+                               "is out (refused connections; probed until it answers)", ["engine"],
+                               registry=r)
+        self.engine_wait = Gauge("ragbudget_engine_predicted_wait_ms", "The engine's predicted wait "
+                                 "at the latest arrival, its other clients' load included (ms)",
+                                 ["engine"], registry=r)
+        self.engine_retries = Counter("ragbudget_engine_retries", "Answers whose stream died before "
+                                      "its first token on this engine and were retried on another",
+                                      ["engine"], registry=r)
+
+    def engine_state(self, engine_id: str, up: bool, predicted_wait_ms: float | None) -> None:
+        """Record one engine as an arriving answer saw it: in rotation or not, and its predicted
+        wait (ms; None: not planned, e.g. out of rotation)."""
+        self.engine_up.labels(engine=engine_id).set(1.0 if up else 0.0)
+        if predicted_wait_ms is not None:
+            self.engine_wait.labels(engine=engine_id).set(predicted_wait_ms)
+
     def observe(self, answer: Answer) -> None:
         """Record one finished :class:`~app.answer_types.Answer`."""
         self.answers.labels(status=answer.status).inc()
+        if answer.predicted.engine_id is not None:
+            self.engine_answers.labels(engine=answer.predicted.engine_id, status=answer.status).inc()
         self.receipts.labels(status=answer.receipt_status).inc()
         t = answer.timings
         for hist, value in ((self.ttft, t.ttft_ms), (self.tpot, t.tpot_ms),

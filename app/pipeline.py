@@ -33,6 +33,14 @@ caps k at the largest that still lets each of them, priced behind it at p95 with
 k = 0 and the time it has already spent, answer within its own budget (binding
 ``arrivals``); a request that could not make it even then is not counted.
 
+Engines (:mod:`app.fleet`; ``RAGBUDGET_ENGINES``, one engine ``default`` without a list): on
+arrival every engine in rotation is planned for with its own profile, correction, predicted
+wait (other clients' load included) and context window, and
+:func:`latency_model.fleet.choose` picks the engine and k that carry the most context within
+the budget; the request joins that engine's queue, and :meth:`AnswerPipeline.bind` chooses k
+again on it. A stream that dies before its first token on an engine that cannot be reached
+takes that engine out of rotation and is answered once by another (:meth:`_elsewhere`).
+
 When even ``k = 0`` cannot make the budget (``on_budget_miss``): ``answer``
 answers anyway with ``binding == "nothing_fits"``; ``reject`` raises
 :class:`foundation.errors.BudgetUnreachable` (503, no receipt), on arrival when
@@ -52,13 +60,14 @@ append; should the process die before that, the next start records the answer as
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.answer_receipt import AnswerReceipts
 from app.answer_state import Admission, AnswerEvent, AnswerRequest, InFlight, Prepared
@@ -73,10 +82,12 @@ from app.answer_types import (
 )
 from app.arrivals import Arrivals
 from app.conversation import check_roles, retrieval_query
-from app.genqueue import Cancelled, GenerationQueue, Ticket
+from app.fleet import FleetEngine, engine_gone
+from app.genqueue import Cancelled, Ticket
 from app.metrics import AnswerMetrics
 from app.plan_bands import PlanBands
 from app.services import Services
+from app.settings import DEFAULT_ENGINE_ID, EngineConfig
 from app.tracing import answer_tracer
 from app.validation import (
     check_budget,
@@ -85,9 +96,10 @@ from app.validation import (
     check_on_budget_miss,
     check_question,
 )
-from foundation.errors import BudgetUnreachable, ContextLengthExceeded
+from foundation.errors import BudgetUnreachable, ContextLengthExceeded, RagBudgetError, Unavailable
 from generation.base import ON_SUBMIT, PREFILL_ORDER, GenerationStats, GenParams, TokenEvent
 from generation.stopping import StopMatcher
+from latency_model.fleet import EngineView, FleetChoice, choose
 from latency_model.planner import Plan, PrefillBand
 from latency_model.profile import Profile
 
@@ -97,27 +109,41 @@ if TYPE_CHECKING:
     from retrieval.retriever import Hit
 
 log = logging.getLogger("ragbudget.pipeline")
-#: The id of this server's one engine in the fleet planner (:func:`latency_model.fleet.choose`).
-ENGINE_ID = "default"
+#: The id of this server's one engine when no engine list is configured.
+ENGINE_ID = DEFAULT_ENGINE_ID
 
 
 class AnswerPipeline:
-    """Answers questions for one :class:`Services`; holds the queue and the metrics."""
+    """Answers questions for one :class:`Services`; holds the engines (each with its queue and
+    planning band, :mod:`app.fleet`) and the metrics. ``queue`` and ``bands`` are the first
+    engine's (the only one's without an engine list)."""
 
     def __init__(self, services: Services, metrics: AnswerMetrics | None = None) -> None:
         self.services = services
         self.settings = services.settings
-        self.queue = GenerationQueue(self.settings.queue_max)
         self.metrics = metrics or AnswerMetrics()
         # Switches for an A/B in one process (benchmarks/load.py); default from the settings.
         self.late_binding = bool(self.settings.late_binding)
         self.online_correction = bool(self.settings.online_correction)
         self.live_speed = bool(self.settings.correction_live_speed)
         self.room_for_arrivals = bool(getattr(self.settings, "room_for_arrivals", True))
+        # The baselines a fleet benchmark compares the joint choice with (benchmarks/fleet.py):
+        # "round_robin" (a plain load balancer) or "least_ttft" (the engine with the least
+        # predicted TTFT at the given k, llm-d's idea), each at ``fixed_k``; "joint": the
+        # fleet planner's engine and k (the product's behaviour).
+        self.routing = "joint"
+        self.fixed_k: int | None = None
+        self._round_robin = itertools.count()
         self._lock = threading.Lock()
-        # The planning band, the online correction and the answers granted but not yet seen by
-        # the engine (app.plan_bands); it reads the two switches above when it uses them.
-        self.bands = PlanBands(self)
+        # Each engine's queue, planning band (the online correction and the answers granted but
+        # not yet seen by the engine: app.plan_bands, reading the switches above when used) and
+        # health (app.fleet), in configured order.
+        listed = getattr(self.settings, "engine_list", None)
+        configs = listed() if callable(listed) else [EngineConfig(id=ENGINE_ID, kind="local")]
+        self.engines: dict[str, FleetEngine] = {c.id: FleetEngine(self, c, i) for i, c in enumerate(configs)}
+        first = next(iter(self.engines.values()))
+        self.queue = first.queue
+        self.bands: PlanBands = first.bands
         # The requests arrived and not yet granted the model (app.arrivals), left room to answer.
         self.arrivals = Arrivals()
         self.receipts = AnswerReceipts(self)  # each answer's summary, receipt and journal row
@@ -161,10 +187,58 @@ class AnswerPipeline:
         return out
 
     def profile(self) -> Profile:
-        """The latency profile in force for the generator (fitted, else a roofline prior)."""
+        """The latency profile in force for the (first engine's) generator (fitted, else a prior)."""
         from app.profile_store import current_profile
 
         return current_profile(self.services)
+
+    def engine_of(self, p: Prepared) -> FleetEngine:
+        """The engine ``p`` was routed to.
+
+        Raises:
+            NotFound: ``unknown_engine`` (not one of this pipeline's engines).
+        """
+        try:
+            return self.engines[p.engine_id]
+        except KeyError:
+            from foundation.errors import NotFound
+
+            raise NotFound(f"engine {p.engine_id!r} is not configured", code="unknown_engine",
+                           engine_id=p.engine_id) from None
+
+    def in_rotation(self) -> list[FleetEngine]:
+        """The engines in rotation, in configured order.
+
+        Raises:
+            Unavailable: ``engine_unavailable``, every engine is out of rotation (each is probed
+                and rejoins when it answers: :class:`app.fleet.EngineHealth`).
+        """
+        up = [e for e in self.engines.values() if e.healthy]
+        for e in self.engines.values():
+            if not e.healthy:
+                self.metrics.engine_state(e.id, False, None)
+        if not up:
+            down = {e.id: e.health.reason for e in self.engines.values()}
+            raise Unavailable(f"no engine is in rotation ({'; '.join(f'{k}: {v}' for k, v in down.items())})",
+                              code="engine_unavailable", engines=down)
+        return up
+
+    def close(self) -> None:
+        """Stop the engines' background threads (:meth:`app.fleet.FleetEngine.close`)."""
+        for e in self.engines.values():
+            e.close()
+
+    def bands_of(self, profile_id: str) -> PlanBands:
+        """The planning bands (and online correction) of the engine that last planned with the
+        profile ``profile_id``; the first engine's when none has."""
+        for e in self.engines.values():
+            if e.profile_id == profile_id:
+                return e.bands
+        return self.bands
+
+    def fleet_status(self) -> list[dict[str, object]]:
+        """Every engine's :meth:`app.fleet.FleetEngine.status`, in configured order."""
+        return [e.status() for e in self.engines.values()]
 
     @staticmethod
     def prompt_chunks(hits: list[Hit]) -> list[PromptChunk]:
@@ -208,18 +282,24 @@ class AnswerPipeline:
         result = self.services.retriever.retrieve(query, k_cap, req.revision)
         t1 = time.perf_counter()
         scaffold, builder = self.scaffold_and_builder()
-        gen = self.services.generator
         full = builder.build(scaffold.text, self.prompt_chunks(result.hits), question, req.history)
-        max_new = self._fit_window(full.prompt_tokens_for(0), max_new, req.max_new_tokens is None,
-                                   int(gen.context_window))
-        cached = bool(gen.prefix_cached(full.scaffold_ids))
-        profile = self.profile()
-        planner_profile, correction = self.bands.planner_profile(profile)
-        wait_ms = self.queue.predicted_wait_ms()
-        depth = self.queue.depth
+        engines = self.in_rotation()
+        window = max(int(e.generator.context_window) for e in engines)
+        max_new = self._fit_window(full.prompt_tokens_for(0), max_new, req.max_new_tokens is None, window)
+        looks = self._look(engines, full)
         overhead_ms = (time.perf_counter() - arrival_t) * 1000.0
-        plan = self._plan(full, cached, budget, max_new, planner_profile,
-                          overhead_ms + (wait_ms if self.late_binding else 0.0))
+        views = [EngineView(e.id, look["planner_profile"],
+                            look["wait_ms"] if self.late_binding else 0.0,
+                            int(e.generator.context_window), scaffold_cached=look["cached"],
+                            in_flight=e.in_flight()) for e, look in looks]
+        choice = self._choose(views, full, budget, max_new, overhead_ms)
+        if self.routing == "joint":
+            engine_id, plan = self._target(choice, views, full, budget, max_new, overhead_ms, looks)
+        else:
+            engine_id, plan = self._baseline(views, full, budget, max_new, overhead_ms)
+        look = dict(looks)[self.engines[engine_id]]
+        profile, planner_profile, correction = look["profile"], look["planner_profile"], look["correction"]
+        cached, wait_ms, depth = look["cached"], look["wait_ms"], look["depth"]
         k = plan.chosen_k if plan.chosen_k is not None else 0
         prompt = builder.build(scaffold.text, self.prompt_chunks(result.hits)[:k], question, req.history)
         t2 = time.perf_counter()
@@ -233,8 +313,96 @@ class AnswerPipeline:
                         "overhead_ms": overhead_ms,
                         **({"auth_ms": auth_ms} if auth_ms is not None else {})},
             predicted_wait_ms=wait_ms, queue_depth=depth, planner_profile=planner_profile,
-            correction=correction,
+            correction=correction, engine_id=engine_id, fleet=choice.to_dict(),
         )
+
+    def _look(self, engines: list[FleetEngine], full: Prompt) -> list[tuple[FleetEngine, dict[str, Any]]]:
+        """What the planner needs of each engine now: its profile, planning band and correction
+        (:meth:`PlanBands.planner_profile`), whether it caches ``full``'s scaffold, its queue's
+        predicted wait (other clients' load included) and depth. An engine without a profile
+        (``UnknownProfile``: never calibrated, no prior possible) is left out while others
+        have one; when none has, the first engine's error is raised. An engine whose queue is
+        full (a new request would be refused 429) is left out while another is not."""
+        out: list[tuple[FleetEngine, dict[str, Any]]] = []
+        first_error: RagBudgetError | None = None
+        open_ = [e for e in engines if not e.sync_slots().full()]
+        for e in open_ if open_ else engines:
+            try:
+                profile = e.profile() if e.position else self.profile()
+            except RagBudgetError as exc:
+                if len(engines) == 1:
+                    raise
+                log.warning("engine %s left out of planning: %s", e.id, exc)
+                first_error = first_error or exc
+                continue
+            e.sync_slots()
+            e.start_load(profile)
+            e.profile_id = profile.id
+            planner_profile, correction = e.bands.planner_profile(profile)
+            wait_ms = e.predicted_wait_ms()
+            self.metrics.engine_state(e.id, True, wait_ms)
+            out.append((e, {"profile": profile, "planner_profile": planner_profile,
+                            "correction": correction,
+                            "cached": bool(e.generator.prefix_cached(full.scaffold_ids)),
+                            "wait_ms": wait_ms, "depth": e.queue.depth}))
+        if not out:
+            assert first_error is not None
+            raise first_error
+        return out
+
+    def _choose(self, views: list[EngineView], full: Prompt, budget: float, max_new: int,
+                overhead_ms: float) -> FleetChoice:
+        """:func:`latency_model.fleet.choose` over ``views`` for ``full`` with ``overhead_ms`` spent."""
+        return choose(views, question_tokens=full.question_tokens, scaffold_tokens=full.scaffold_len,
+                      chunk_tokens=list(full.chunk_token_counts), budget_ms=budget,
+                      max_new_tokens=max_new, overhead_ms=overhead_ms,
+                      extra_tokens=full.framing_tokens + full.history_tokens)
+
+    def _fixed(self, plan: Plan) -> Plan:
+        """``plan`` at ``fixed_k`` (capped at the candidates), binding ``fixed``, when it is set."""
+        if self.fixed_k is None:
+            return plan
+        return replace(plan, chosen_k=min(int(self.fixed_k), len(plan.rows) - 1), binding="fixed")
+
+    def _baseline(self, views: list[EngineView], full: Prompt, budget: float, max_new: int,
+                  overhead_ms: float) -> tuple[str, Plan]:
+        """The engine and plan of a baseline ``routing`` (benchmarks only): ``round_robin`` takes
+        the engines in turn; ``least_ttft`` the one with the least predicted p95 TTFT (its wait
+        plus the prefill) at ``fixed_k``; either at ``fixed_k`` when set."""
+        plans = [(v, self._choose([v], full, budget, max_new, overhead_ms).plan) for v in views]
+        if self.routing == "round_robin":
+            view, plan = plans[next(self._round_robin) % len(plans)]
+        else:
+            def ttft(item: tuple[EngineView, Plan | None]) -> float:
+                v, pl = item
+                assert pl is not None
+                k = min(int(self.fixed_k or 0), len(pl.rows) - 1)
+                return v.predicted_wait_ms + pl.rows[k].ttft_p95_ms
+            view, plan = min(plans, key=ttft)
+        assert plan is not None
+        return view.engine_id, self._fixed(plan)
+
+    def _target(self, choice: FleetChoice, views: list[EngineView], full: Prompt, budget: float,
+                max_new: int, overhead_ms: float,
+                looks: list[tuple[FleetEngine, dict[str, Any]]]) -> tuple[str, Plan]:
+        """The engine a request goes to and its plan there: the fleet's choice when something
+        fits; else (nothing fits anywhere, even k = 0) the engine where k = 0 would come
+        soonest at p50 after the least wait its queue may have
+        (:meth:`GenerationQueue.min_wait_ms`), so a fast refusal (``on_budget_miss: reject``)
+        happens only when no engine could make k = 0."""
+        if choice.fits or len(views) == 1:
+            assert choice.engine_id is not None and choice.plan is not None
+            return choice.engine_id, choice.plan
+        best: tuple[float, str, Plan] | None = None
+        for view, (e, _look) in zip(views, looks, strict=True):
+            alone = self._choose([view], full, budget, max_new, overhead_ms)
+            assert alone.plan is not None
+            rows = alone.plan.rows
+            soonest = e.queue.min_wait_ms() + rows[0].ttft_p50_ms if rows else float("inf")
+            if best is None or soonest < best[0]:
+                best = (soonest, e.id, alone.plan)
+        assert best is not None
+        return best[1], best[2]
 
     @staticmethod
     def _fit_window(prompt_tokens: int, max_new: int, defaulted: bool, window: int) -> int:
@@ -264,21 +432,17 @@ class AnswerPipeline:
             field=field, prompt_tokens=prompt_tokens, max_new_tokens=max_new, context_window=window)
 
     def _plan(self, full: Prompt, cached: bool, budget: float, max_new: int,
-              profile: PrefillBand, overhead_ms: float) -> Plan:
-        """The planner over all K candidates of ``full`` with ``overhead_ms`` already gone.
+              profile: PrefillBand, overhead_ms: float, engine: FleetEngine | None = None) -> Plan:
+        """The planner over all K candidates of ``full`` on ``engine`` (default: the first) with
+        ``overhead_ms`` already gone.
 
-        Planned through the fleet planner (:func:`latency_model.fleet.choose`) with this
-        server's one engine, whose wait is already inside ``overhead_ms``: exactly the
-        single-engine plan (``tests/latency_model/test_fleet.py`` pins that).
+        Planned through the fleet planner (:func:`latency_model.fleet.choose`) with that one
+        engine, whose wait is already inside ``overhead_ms``: exactly the single-engine plan
+        (``tests/latency_model/test_fleet.py`` pins that).
         """
-        from latency_model.fleet import EngineView, choose
-
-        engine = EngineView(ENGINE_ID, profile, 0.0, self.services.generator.context_window,
-                            scaffold_cached=cached)
-        choice = choose([engine], question_tokens=full.question_tokens,
-                        scaffold_tokens=full.scaffold_len, chunk_tokens=list(full.chunk_token_counts),
-                        budget_ms=budget, max_new_tokens=max_new, overhead_ms=overhead_ms,
-                        extra_tokens=full.framing_tokens + full.history_tokens)
+        e = engine or next(iter(self.engines.values()))
+        view = EngineView(e.id, profile, 0.0, int(e.generator.context_window), scaffold_cached=cached)
+        choice = self._choose([view], full, budget, max_new, overhead_ms)
         assert choice.plan is not None, "a healthy engine always has a plan"
         return choice.plan
 
@@ -290,18 +454,25 @@ class AnswerPipeline:
         time already spent (auth, retrieval, queue wait); the plan gets the budget minus
         that, under the profile (and online correction) in force now, and the prompt is
         rebuilt for the chosen k. The retrieval and candidate list are those of arrival.
-        The time this takes is added to ``planning_ms``. With ``room_for_arrivals`` the k is
+        The time this takes is added to ``planning_ms``. On a remote engine whose slots other
+        clients hold (its ``/slots``), the wait the engine itself will add is counted too
+        (:meth:`GenerationQueue.engine_wait_ms`). With ``room_for_arrivals`` the k is
         capped so the requests arrived meanwhile (all but ``arrival_key``, this request's own
         :meth:`Arrivals.arrive` key) keep room to answer (:meth:`Arrivals.room`).
         """
         t0 = time.perf_counter()
         now_t = now_t if now_t is not None else t0
         spent_ms = max((now_t - p.arrival_t) * 1000.0, 0.0)
-        planner_profile, correction = self.bands.planner_profile(p.profile)
+        engine = self.engine_of(p)
+        planner_profile, correction = engine.bands.planner_profile(p.profile)
+        # a remote engine whose slots other clients hold keeps this request waiting there
+        ahead_ms = engine.queue.engine_wait_ms()
         plan = self._plan(p.full_prompt, p.scaffold_cached, p.budget_ms, p.max_new_tokens,
-                          planner_profile, spent_ms)
-        if self.room_for_arrivals:
-            plan = self.arrivals.room(plan, p, spent_ms, now_t, arrival_key, self.bands)
+                          planner_profile, spent_ms + ahead_ms, engine)
+        if self.fixed_k is not None:
+            plan = self._fixed(plan)
+        elif self.room_for_arrivals:
+            plan = self.arrivals.room(plan, p, spent_ms, now_t, arrival_key, engine.bands)
         prompt = p.prompt
         k = plan.chosen_k if plan.chosen_k is not None else 0
         if k != (p.plan.chosen_k or 0):
@@ -364,9 +535,13 @@ class AnswerPipeline:
         if predicted <= p.budget_ms:
             return
         self.metrics.rejections.labels(where=where).inc()
-        retry_s = max(1.0, self.queue.retry_after_ms() / 1000.0)
+        engine = self.engine_of(p)
+        # the soonest any engine in rotation frees a place (one engine: its own queue's)
+        retry_ms = min((e.queue.retry_after_ms() for e in self.engines.values() if e.healthy),
+                       default=engine.queue.retry_after_ms())
+        retry_s = max(1.0, retry_ms / 1000.0)
         scaffold = int(p.full_prompt.scaffold_len)
-        idle_p50 = float(self.bands.alone(p.profile).predict_ttft_many(
+        idle_p50 = float(engine.bands.alone(p.profile).predict_ttft_many(
             [row.prompt_tokens], [row.cached_tokens], [scaffold])[0][0])
         idle_ms = p.timings_ms.get("overhead_ms", 0.0) + idle_p50
         raise BudgetUnreachable(
@@ -397,6 +572,7 @@ class AnswerPipeline:
             predicted_wait_ms=p.predicted_wait_ms, queue_depth=p.queue_depth,
             late_binding=self.late_binding,
             correction=p.correction.to_dict() if p.correction is not None else None,
+            engine_id=p.engine_id, fleet=p.fleet,
         )
 
     # --- answer ------------------------------------------------------------------
@@ -429,14 +605,16 @@ class AnswerPipeline:
                 # On arrival: the time spent plus the least the wait can be (every answer ahead
                 # stopping at its first token); the exact check follows when the model is free.
                 self._check_reachable(prepared, prepared.timings_ms["overhead_ms"],
-                                      self.queue.min_wait_ms(), "arrival")
+                                      self.engine_of(prepared).queue.min_wait_ms(), "arrival")
         except BaseException:
             self.arrivals.left(arrival_key)
             raise
-        gen = self.services.generator
-        # A generator that batches answers (the local engine: generation.scheduler) says how
-        # many it runs at once; any other runs one at a time.
-        self.queue.slots = max(1, int(getattr(gen, "max_running", 1) or 1))
+        # The engine the fleet planner chose (app.fleet): its generator, queue and bands.
+        engine = self.engine_of(prepared)
+        gen, bands = engine.generator, engine.bands
+        # A generator that batches answers (the local engine: generation.scheduler, a remote
+        # engine with several slots) says how many it runs at once; any other runs one at a time.
+        queue = engine.sync_slots()
         # resolved(): a sampling request without a seed gets one drawn now, so it is recorded.
         params = self.gen_params(req, prepared.max_new_tokens).resolved()
         state = InFlight()
@@ -444,7 +622,7 @@ class AnswerPipeline:
         # the same way in replay (app.receipt_wiring): one place, generation.stopping.
         stopper = StopMatcher(list(req.stop))
         ticket = self._ticket(prepared)
-        slot: AbstractContextManager[float] | None = self.queue.slot(cancel, ticket)
+        slot: AbstractContextManager[float] | None = queue.slot(cancel, ticket)
         before_stats: GenerationStats | None = None
         receipt_id: str | None = None  # reserved by the journal row once the answer has the model
         pending: int | None = None  # counted by _expect_prefill until the engine shows it
@@ -452,21 +630,21 @@ class AnswerPipeline:
         try:
             state.queue_ms = slot.__enter__()  # type: ignore[union-attr]
             try:
-                with self.bands.admit_lock:
+                with bands.admit_lock:
                     if self.late_binding:
                         prepared = self.bind(prepared, arrival_key=arrival_key)
                         ticket.prefill_ms = self._ticket(prepared).prefill_ms
                     # The running batch this answer joins, for the correction to learn against.
-                    joined = self.bands.batched(prepared.profile, prepared.profile)
+                    joined = bands.batched(prepared.profile, prepared.profile)
                     prepared = replace(prepared, granted_band=joined)
-                    pending = self.bands.expect_prefill(prepared)
+                    pending = bands.expect_prefill(prepared)
                     self.arrivals.left(arrival_key)  # now counted among the prefills granted
                 if reject:
                     self._check_reachable(prepared, prepared.plan.overhead_ms, 0.0, "granted")
                 # Before the first token, outside queue_ms and prefill_ms (inside ttft_ms).
                 receipt_id = self.receipts.open_journal(prepared, params, state)
             except BaseException:
-                self.bands.submitted(pending)
+                bands.submitted(pending)
                 self.arrivals.left(arrival_key)
                 slot.__exit__(None, None, None)  # type: ignore[union-attr]
                 raise
@@ -483,29 +661,47 @@ class AnswerPipeline:
                 yield AnswerEvent("admitted", admission=self._admission(prepared, state, receipt_id))
                 # closing(): the generator releases the model lock and finalises its stats
                 # even when the loop stops early (cancel, client gone).
-                key = pending
-                ON_SUBMIT.set(lambda: self.bands.submitted(key))
-                PREFILL_ORDER.set(self.bands.order_of(key))
-                with _closing(gen.stream(prepared.prompt.ids,
-                                        cached_prefix_ids=prepared.prompt.scaffold_ids,
-                                        params=params, cancel=cancel,
-                                        messages=prepared.prompt.messages or None)) as it:
-                    for ev in it:
-                        state.n += 1
-                        ticket.produced = state.n
-                        state.last_t = ev.t
-                        state.ids_per_event = state.ids_per_event and ev.token_id >= 0
-                        if state.first_t is None and ev.text:
-                            state.first_t = ev.t
-                        released, stopped = stopper.feed(ev.text)
-                        if released:
-                            state.text.append(released)
-                            yield AnswerEvent("token", text=released, tokens=state.n)
-                        if stopped:
-                            state.stop = stopper.matched
-                            break
-                        if cancel.is_set():
-                            break
+                retried = False
+                while True:
+                    key = pending
+                    ON_SUBMIT.set(lambda b=bands, k=key: b.submitted(k))  # type: ignore[misc]
+                    PREFILL_ORDER.set(bands.order_of(key))
+                    try:
+                        for ev in self._events(gen, prepared, params, cancel):
+                            state.n += 1
+                            ticket.produced = state.n
+                            state.last_t = ev.t
+                            state.ids_per_event = state.ids_per_event and ev.token_id >= 0
+                            if state.first_t is None and ev.text:
+                                state.first_t = ev.t
+                            released, stopped = stopper.feed(ev.text)
+                            if released:
+                                state.text.append(released)
+                                yield AnswerEvent("token", text=released, tokens=state.n)
+                            if stopped:
+                                state.stop = stopper.matched
+                                break
+                            if cancel.is_set():
+                                break
+                        break
+                    except Exception as exc:
+                        # A stream that dies before its first token on an engine that cannot be
+                        # reached is tried once more on another engine in rotation (app.fleet).
+                        if retried or state.n or not engine_gone(exc):
+                            raise
+                        engine.health.mark_down(f"{type(exc).__name__}: {exc}")
+                        self.metrics.engine_retries.labels(engine=engine.id).inc()
+                        moved = self._elsewhere(prepared, engine, cancel, arrival_key)
+                        if moved is None:
+                            raise
+                        log.warning("engine %s failed before the first token (%s); retrying on %s",
+                                    engine.id, exc, moved[0].engine_id)
+                        bands.submitted(pending)
+                        slot.__exit__(None, None, None)
+                        prepared, engine, slot, pending, ticket = moved
+                        gen, bands, retried = engine.generator, engine.bands, True
+                        before_stats = gen.last_stats
+                        state.granted_t = time.perf_counter()
                 held = stopper.flush()
                 if held:
                     state.text.append(held)
@@ -518,11 +714,13 @@ class AnswerPipeline:
             raise
         except Exception as exc:  # generation failed after the stream started
             log.exception("generation failed")
+            if engine_gone(exc):  # refused or dropped connection: out of rotation, probed (app.fleet)
+                engine.health.mark_down(f"{type(exc).__name__}: {exc}")
             state.status = "failed"
             state.error = AnswerError(code=str(getattr(exc, "code", "generation_failed")),
                                       message=str(exc))
         finally:
-            self.bands.submitted(pending)
+            bands.submitted(pending)
             self.arrivals.left(arrival_key)
             ON_SUBMIT.set(None)
             PREFILL_ORDER.set(None)
@@ -539,6 +737,58 @@ class AnswerPipeline:
             yield AnswerEvent("error", summary=summary)
         else:
             yield AnswerEvent("final", summary=summary)
+
+    @staticmethod
+    def _events(gen: Any, p: Prepared, params: GenParams, cancel: threading.Event) -> Iterator[TokenEvent]:
+        """``gen``'s token events for ``p``'s prompt, the stream closed on every exit (closing():
+        the generator releases the model lock and finalises its stats even when the consumer
+        stops early: cancel, client gone, stop string)."""
+        with _closing(gen.stream(p.prompt.ids, cached_prefix_ids=p.prompt.scaffold_ids, params=params,
+                                 cancel=cancel, messages=p.prompt.messages or None)) as it:
+            yield from it
+
+    def _elsewhere(self, p: Prepared, failed: FleetEngine, cancel: threading.Event,
+                   arrival_key: int | None) -> tuple[Prepared, FleetEngine, Any, int, Ticket] | None:
+        """Move ``p``, whose stream died before its first token on ``failed`` (out of rotation now),
+        to the engine in rotation whose plan carries the most context in what is left of its budget
+        (:func:`latency_model.fleet.choose` with the time spent so far); wait for a place there,
+        bind k on it (:meth:`bind`) and count its prefill. Returns ``(prepared, engine, entered
+        slot, pending key, ticket)``; None when no other engine is in rotation or the wait was
+        cancelled. The plan's ``fleet`` record says ``retried_from`` and why."""
+        others = [e for e in self.engines.values() if e.healthy and e is not failed]
+        if not others:
+            return None
+        spent = (time.perf_counter() - p.arrival_t) * 1000.0
+        looks = self._look(others, p.full_prompt)
+        views = [EngineView(e.id, look["planner_profile"], look["wait_ms"],
+                            int(e.generator.context_window), scaffold_cached=look["cached"],
+                            in_flight=e.in_flight()) for e, look in looks]
+        choice = self._choose(views, p.full_prompt, p.budget_ms, p.max_new_tokens, spent)
+        target, plan_there = self._target(choice, views, p.full_prompt, p.budget_ms, p.max_new_tokens, spent,
+                                     looks)
+        engine = self.engines[target]
+        look = dict(looks)[engine]
+        fleet = {**choice.to_dict(), "retried_from": failed.id, "retry_reason": failed.health.reason}
+        moved = replace(p, engine_id=target, profile=look["profile"], scaffold_cached=look["cached"],
+                        planner_profile=look["planner_profile"], correction=look["correction"],
+                        fleet=fleet)
+        moved = replace(moved, plan=plan_there)
+        ticket = self._ticket(moved)
+        slot = engine.sync_slots().slot(cancel, ticket)
+        try:
+            slot.__enter__()
+        except Cancelled:
+            return None
+        try:
+            with engine.bands.admit_lock:
+                moved = self.bind(moved, arrival_key=arrival_key)
+                ticket.prefill_ms = self._ticket(moved).prefill_ms
+                moved = replace(moved, granted_band=engine.bands.batched(moved.profile, moved.profile))
+                pending = engine.bands.expect_prefill(moved)
+        except BaseException:
+            slot.__exit__(None, None, None)
+            raise
+        return moved, engine, slot, pending, ticket
 
     def _admission(self, p: Prepared, state: InFlight, receipt_id: str | None) -> Admission:
         """The :class:`Admission` of ``p`` as it gets the model (plan and prediction as its summary)."""

@@ -99,11 +99,15 @@ class PlanBands:
     """The batch-aware planning band and the online correction of one pipeline.
 
     ``pipeline``: the owner; its ``services``, ``metrics`` and ``online_correction`` are read
-    when used (the switch may change between answers).
+    when used (the switch may change between answers). ``generator``: returns the generator of
+    the engine these bands plan for (one :class:`PlanBands` per engine, :mod:`app.fleet`);
+    default: the pipeline's ``services.generator``.
     """
 
-    def __init__(self, pipeline: Any) -> None:  # the owning app.pipeline.AnswerPipeline (no import: no cycle)
+    def __init__(self, pipeline: Any,  # the owning app.pipeline.AnswerPipeline (no import: no cycle)
+                 generator: Callable[[], Any] | None = None) -> None:
         self._pipeline = pipeline
+        self._generator: Callable[[], Any] = generator or (lambda: pipeline.services.generator)
         self.corrections = CorrectionRegistry(loader=self.stored_window,
                                               window=pipeline.settings.correction_window)
         # Answers granted the model whose prefill the engine does not show yet (between the
@@ -161,7 +165,7 @@ class PlanBands:
         from latency_model.step_model import machine_speed
 
         fit = getattr(profile, "step_fit", None)
-        engine = getattr(self._pipeline.services.generator, "engine", None)
+        engine = getattr(self._generator(), "engine", None)
         if fit is None or engine is None or not hasattr(engine, "recent_steps"):
             return None
         steps = engine.recent_steps()
@@ -205,7 +209,7 @@ class PlanBands:
         """``(step fit, prefill chunk, decoders, prefills in the engine's order, step token
         budget)`` as the engine and the answers granted stand now; None without a step model
         or a batching engine."""
-        generator = self._pipeline.services.generator
+        generator = self._generator()
         engine = getattr(generator, "engine", None)
         chunk = getattr(generator, "prefill_chunk", None)
         fit = getattr(profile, "step_fit", None)
@@ -247,7 +251,7 @@ class PlanBands:
         """
         cached = int(p.prompt.scaffold_len) if p.scaffold_cached else 0
         key = next(self._unsubmitted_keys)
-        engine: Any = getattr(self._pipeline.services.generator, "engine", None)
+        engine: Any = getattr(self._generator(), "engine", None)
         order = int(engine.reserve_order()) if hasattr(engine, "reserve_order") else None
         with self._unsubmitted_lock:
             self._unsubmitted[key] = (max(len(p.prompt.ids) - cached, 0), cached,

@@ -199,8 +199,9 @@ def generator_config(generator: Any) -> dict[str, Any]:
     return {}
 
 
-def current_profile(services: Any) -> Profile:
-    """The profile in force for ``services.generator``: newest fitted, else a (stored) prior.
+def current_profile(services: Any, generator: Any = None) -> Profile:
+    """The profile in force for ``generator`` (default ``services.generator``; one engine of a
+    fleet: ``services.engine_generator(id)``): newest fitted, else a (stored) prior.
 
     Raises:
         UnknownProfile: no fitted profile and no prior possible (e.g. a remote engine
@@ -209,7 +210,7 @@ def current_profile(services: Any) -> Profile:
     """
     from latency_model.calibration import make_prior
 
-    generator = services.generator
+    generator = generator if generator is not None else services.generator
     identity = dict(generator.identity)
     engine, data_dir = services.engine, services.data_dir
     sync_profiles(engine, data_dir)

@@ -148,10 +148,12 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
     * ``regenerate(body) -> {"token_ids", "token_ids_hash", "text", "environment"}``
       generates again with the recorded parameters (greedy unless a seed was
       recorded) on that rebuilt prompt, cut at the recorded stop strings exactly as
-      the answer was (:class:`generation.stopping.StopMatcher`).
+      the answer was (:class:`generation.stopping.StopMatcher`), on the engine the receipt
+      records (``generator.engine_id``; a receipt without one: the first configured engine).
 
     Raises (from the hooks):
-        NotFound: the recorded scaffold is not in the database.
+        NotFound: the recorded scaffold is not in the database; ``unknown_engine``, the
+            recorded engine is no longer configured (:meth:`Services.engine_generator`).
     """
     from app.conversation import Turn
     from app.prompt import scaffold_by_hash
@@ -184,8 +186,12 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
         from receipts.stored import stored_hits
 
         hits, _problems = stored_hits(services.engine, body)
+        from receipts.schema import recorded_engine
+
+        engine_id = recorded_engine(body)
+        # the engine that answered; raises unknown_engine when it is no longer configured
+        gen = services.engine_generator(engine_id) if engine_id is not None else services.generator
         prompt = _prompt(body, hits)
-        gen = services.generator
         p = body["generator"]["params"]
         params = GenParams.from_dict({**p, "temperature": float(p["temperature"]),
                                       "top_p": float(p["top_p"])})

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
-from app.settings import Settings
-from foundation.errors import InvalidConfig
+from app.settings import EngineConfig, Settings
+from foundation.errors import InvalidConfig, NotFound
 from generation.base import Generator
 from retrieval.tokens import TextTokenizer
 
@@ -60,13 +60,12 @@ class Services:
 
     @cached_property
     def tokenizer(self) -> TextTokenizer:
-        """The generator's tokenizer as a ``retrieval.tokens.TextTokenizer``."""
+        """The generator's tokenizer as a ``retrieval.tokens.TextTokenizer`` (the first engine's:
+        every engine of a list shares it, :meth:`engine_generator`)."""
         with self._lock:
-            if self.settings.generator_backend == "remote":
-                from generation.remote_tokenizer import load_remote_tokenizer
-
-                return load_remote_tokenizer(self.settings.remote_tokenizer or self.settings.remote_model,
-                                             self.settings.data_dir)
+            first = self.settings.engine_list()[0]
+            if first.kind == "remote":
+                return self._remote_tokenizer(first)
             from generation.assets import load_tokenizer
             from retrieval.tokens import HFTextTokenizer
 
@@ -116,12 +115,60 @@ class Services:
         with self._lock:
             return Retriever(self.engine, self.embedder, self.data_dir / "index")
 
+    def _remote_tokenizer(self, cfg: EngineConfig) -> TextTokenizer:
+        """A remote engine's tokenizer: its own ``tokenizer``, else the ``remote_tokenizer``
+        setting, else its model name (:func:`generation.remote_tokenizer.load_remote_tokenizer`)."""
+        from generation.remote_tokenizer import load_remote_tokenizer
+
+        return load_remote_tokenizer(cfg.tokenizer or self.settings.remote_tokenizer or cfg.model,
+                                     self.settings.data_dir)
+
     # --- generation -----------------------------------------------------------------
     @cached_property
     def generator(self) -> Generator:
-        """The configured generator (local transformers model or remote engine), loaded once."""
+        """The first configured engine's generator (local transformers model or remote engine),
+        loaded once; with no engine list, the one engine of ``generator_backend``."""
         with self._lock:
             return build_generator(self.settings, self)
+
+    @property
+    def engine_ids(self) -> list[str]:
+        """The configured engines' ids, in order (``['default']`` without an engine list)."""
+        return [e.id for e in self.settings.engine_list()]
+
+    def engine_generator(self, engine_id: str) -> Generator:
+        """The generator of the configured engine ``engine_id``, built once per process.
+
+        The first engine's is :attr:`generator`. Every other engine must tokenize as the first
+        does (the prompt is built once, as token ids, before an engine is chosen).
+
+        Raises:
+            NotFound: ``unknown_engine``, no configured engine has that id.
+            InvalidConfig: the engine cannot be built, or its tokenizer differs from the first's.
+        """
+        engines = self.settings.engine_list()
+        ids = [e.id for e in engines]
+        if engine_id not in ids:
+            raise NotFound(f"engine {engine_id!r} is not configured (engines: {', '.join(ids)})",
+                           code="unknown_engine", engine_id=engine_id, engines=ids)
+        if engine_id == ids[0]:
+            return self.generator
+        with self._lock:
+            built: dict[str, Generator] = self.__dict__.setdefault("_engine_generators", {})
+            if engine_id not in built:
+                cfg = engines[ids.index(engine_id)]
+                tokenizer = self.tokenizer
+                source = cfg.tokenizer or self.settings.remote_tokenizer or cfg.model
+                first = engines[0].tokenizer or self.settings.remote_tokenizer or engines[0].model
+                if cfg.kind == "remote" and (engines[0].kind == "local" or source != first):
+                    own = self._remote_tokenizer(cfg)
+                    if own.tokenizer_id != tokenizer.tokenizer_id:
+                        raise InvalidConfig(
+                            f"engine {engine_id!r} tokenizes with {own.tokenizer_id}, engine "
+                            f"{ids[0]!r} with {tokenizer.tokenizer_id}: every engine of a list must "
+                            "share one tokenizer", engine_id=engine_id)
+                built[engine_id] = build_generator(self.settings, self, cfg)
+            return built[engine_id]
 
     def close(self) -> None:
         """Release the database pool."""
@@ -129,12 +176,13 @@ class Services:
             self.engine.dispose()
 
 
-def build_generator(settings: Settings, services: Services) -> Generator:
-    """Build the configured generator.
+def build_generator(settings: Settings, services: Services, engine: EngineConfig | None = None) -> Generator:
+    """Build the generator of ``engine`` (default: the first of ``settings.engine_list()``).
 
     ``local``: the model in ``services.generator_dir`` (the packaged SmolLM2 unless
     ``generator_path`` is set), sharing ``services.tokenizer``. ``remote``: an
-    OpenAI-compatible server at ``remote_base_url`` serving ``remote_model``. Either way
+    OpenAI-compatible server at the engine's ``base_url`` serving its ``model`` (without an
+    engine list: ``remote_base_url`` and ``remote_model``). Either way
     the chat template is resolved first (a model that cannot be framed is refused before
     any weights load), its end-of-turn token ends answers besides the model's EOS set,
     and its identity is part of ``generator.identity["chat_template"]``.
@@ -143,19 +191,20 @@ def build_generator(settings: Settings, services: Services) -> Generator:
         InvalidConfig: remote backend without base URL or model, an unloadable model, or
             no usable chat template.
     """
+    cfg = engine if engine is not None else settings.engine_list()[0]
     builder = services.prompt_builder
     stop_ids = list(builder.end_of_turn_ids)
     gen: Generator
-    if settings.generator_backend == "remote":
+    if cfg.kind == "remote":
         from generation.remote import RemoteGenerator
 
-        if not settings.remote_base_url or not settings.remote_model:
+        if not cfg.base_url or not cfg.model:
             raise InvalidConfig("generator_backend=remote needs remote_base_url and remote_model")
-        gen = RemoteGenerator(settings.remote_base_url, settings.remote_model,
-                              tokenizer=services.tokenizer, api_key=settings.remote_api_key,
-                              tokenizer_source=settings.remote_tokenizer,
-                              context_window=settings.remote_context_window, stop_token_ids=stop_ids,
-                              max_running=settings.remote_max_running)
+        gen = RemoteGenerator(cfg.base_url, cfg.model,
+                              tokenizer=services.tokenizer, api_key=cfg.api_key,
+                              tokenizer_source=cfg.tokenizer or settings.remote_tokenizer,
+                              context_window=cfg.context_window, stop_token_ids=stop_ids,
+                              max_running=cfg.max_running)
     else:
         from generation.assets import PACKAGED_GENERATOR_ID
         from generation.local import LocalGenerator

@@ -11,11 +11,55 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # An origin as browsers send it (RFC 6454): scheme, host (a '*.' prefix matches subdomains), port.
+#: An engine id: what receipts, metrics and ``ragbudget calibrate --engine`` name it by.
+ENGINE_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+#: The id of the one engine a server has when no engine list is configured.
+DEFAULT_ENGINE_ID = "default"
+
 _ORIGIN = re.compile(r"https?://(\*\.)?[a-z0-9.-]+(:[0-9]{1,5})?|https?://\[[0-9a-f:.]+\](:[0-9]{1,5})?")
+
+
+class EngineConfig(BaseModel):
+    """One engine of the fleet (``RAGBUDGET_ENGINES``, a JSON list of these; docs/deployment.md).
+
+    ``kind`` ``local``: the model inside this process (the ``generator_*`` settings; at most
+    one per list). ``remote``: an OpenAI-compatible server at ``base_url`` serving ``model``;
+    ``max_running``, ``api_key``, ``tokenizer`` and ``context_window`` mean what the
+    ``remote_*`` settings of the same names mean for the one remote engine (unset: the
+    server's own slot count and context size; the tokenizer defaults to the
+    ``remote_tokenizer`` setting, else ``model``). Every engine of a list must use the same
+    tokenizer (the prompt is built once, as token ids, before the engine is chosen).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=f"^{ENGINE_ID_PATTERN}$", description="Unique engine id (letters, "
+                    "digits, '_', '.', '-'; at most 64).")
+    kind: Literal["local", "remote"] = "remote"
+    base_url: str | None = Field(None, description="Remote: the API root with its version, e.g. "
+                                 "http://10.0.0.21:8080/v1.")
+    model: str | None = None
+    max_running: int | None = Field(None, ge=1, le=4096)
+    api_key: str | None = None
+    tokenizer: str | None = None
+    context_window: int | None = Field(None, ge=16)
+
+    @model_validator(mode="after")
+    def _remote_needs_url(self) -> EngineConfig:
+        """A remote engine names its server and model; a local one neither."""
+        if self.kind == "remote":
+            if not self.base_url or not self.model:
+                raise ValueError(f"engine {self.id!r}: a remote engine needs base_url and model")
+            if not self.base_url.startswith(("http://", "https://")):
+                raise ValueError(f"engine {self.id!r}: base_url must be an http:// or https:// URL")
+        elif self.base_url or self.model or self.api_key or self.tokenizer:
+            raise ValueError(f"engine {self.id!r}: a local engine takes no base_url, model, api_key "
+                             "or tokenizer (it runs the generator_* settings' model)")
+        return self
 
 
 class Settings(BaseSettings):
@@ -85,6 +129,18 @@ class Settings(BaseSettings):
     remote_context_window: int | None = Field(None, ge=16, description="The server's context size "
                                               "in tokens (llama.cpp: its n_ctx); default: the server's "
                                               "max_model_len from /models, else 4096.")
+
+    engines: list[EngineConfig] | None = Field(
+        None, description="The engines answers are routed over, a JSON list of objects with id, "
+        "kind (local|remote), base_url, model and optionally max_running, api_key, tokenizer, "
+        "context_window (RAGBUDGET_ENGINES='[{\"id\": \"gpu1\", \"base_url\": ...}]'); each "
+        "answer goes to the engine and k that carry the most context within its budget "
+        "(latency_model.fleet). Unset: one engine, id 'default', from generator_backend and the "
+        "remote_* settings.")
+    engine_probe_interval_s: float = Field(1.0, gt=0, le=3600, description="How often an engine "
+                                           "taken out of rotation (connection refused) is probed, "
+                                           "and how often a llama.cpp engine's /slots is read for "
+                                           "the load of its other clients (seconds).")
 
     # --- answers ---------------------------------------------------------------
     default_ttft_budget_ms: float = Field(1000.0, gt=0)
@@ -201,6 +257,39 @@ class Settings(BaseSettings):
                 raise ValueError(f"trusted_origins: {entry!r} is not an origin "
                                  "(scheme://host[:port], e.g. https://ragbudget.example.com)")
         return ",".join(entries)
+
+    @field_validator("engines")
+    @classmethod
+    def _engines(cls, value: list[EngineConfig] | None) -> list[EngineConfig] | None:
+        """A non-empty list of unique ids with at most one local engine; refused at start otherwise."""
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("engines: the list is empty (unset it for the one default engine)")
+        ids = [e.id for e in value]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"engines: duplicate engine id(s) {dupes}")
+        if sum(e.kind == "local" for e in value) > 1:
+            raise ValueError("engines: at most one local engine (one model per process)")
+        if any(e.kind == "local" for e in value[1:]):
+            raise ValueError("engines: the local engine must come first (its tokenizer is the one "
+                             "every engine shares)")
+        return value
+
+    def engine_list(self) -> list[EngineConfig]:
+        """The engines in force, in configured order: :attr:`engines`, else one engine
+        :data:`DEFAULT_ENGINE_ID` made from ``generator_backend`` and the ``remote_*`` settings
+        (its remote fields may be unset here: :func:`app.services.build_generator` refuses that)."""
+        if self.engines:
+            return list(self.engines)
+        if self.generator_backend == "remote":
+            return [EngineConfig.model_construct(
+                id=DEFAULT_ENGINE_ID, kind="remote", base_url=self.remote_base_url,
+                model=self.remote_model, max_running=self.remote_max_running,
+                api_key=self.remote_api_key, tokenizer=self.remote_tokenizer,
+                context_window=self.remote_context_window)]
+        return [EngineConfig(id=DEFAULT_ENGINE_ID, kind="local")]
 
     @property
     def trusted_proxy_list(self) -> list[str]:

@@ -206,6 +206,12 @@ class ErrorCode(StrEnum):
     # --- not found, by what is missing --------------------------------------------------
     UNKNOWN_KEY = ("unknown_key", NotFound, 404, False,
                    "no API key with that id")
+    UNKNOWN_ENGINE = ("unknown_engine", NotFound, 404, False,
+                      "an engine id (a receipt's recorded engine, `ragbudget calibrate --engine`) "
+                      "that is not in the configured engine list (`RAGBUDGET_ENGINES`)")
+    ENGINE_UNAVAILABLE = ("engine_unavailable", Unavailable, 503, True,
+                          "every configured engine is out of rotation (refusing connections); "
+                          "each is probed and rejoins when it answers again")
     UNKNOWN_SCAFFOLD = ("unknown_scaffold", NotFound, 404, False,
                         "a receipt's scaffold is not stored, so its prompt cannot be rebuilt")
     CORPUS_UNAVAILABLE = ("corpus_unavailable", NotFound, 404, True,

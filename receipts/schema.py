@@ -23,6 +23,13 @@ with the same text share one slot (``app.slots``); slots open in rank order, 1, 
 receipt without ``slot`` (written before slots existed) showed one slot per candidate, in
 rank order (:func:`candidate_slots`).
 
+Engines (no version change: optional fields, checked when present): ``plan.engine_id`` and
+``generator.engine_id`` name the configured engine the answer was routed to (``default`` on a
+server with one engine), and ``plan.fleet`` is the fleet planner's choice on arrival
+(``latency_model.fleet.FleetChoice.to_dict``: the engine, ``chosen_k``, ``fits`` and every
+engine's ``predictions`` for the chosen k). A receipt without them was answered by the
+server's one engine; replay regenerates it on the first configured engine.
+
 Statuses: ``ok``; ``cancelled`` (the client left, or the server shut down); ``failed``
 (generation failed after it started); ``interrupted`` (the serving process died while
 the answer generated; written at the next start from the started-answer journal,
@@ -81,6 +88,11 @@ SECTIONS: dict[str, dict[str, str]] = {
 # optional, so receipts written before them verify unchanged; checked when present.
 OPTIONAL_TIMINGS = {"auth_ms": "num?", "planning_ms": "num?", "prefill_ms": "num?",
                     "overhead_ms": "num?"}
+# The engine an answer was routed to (see the module docstring): optional, checked when present.
+OPTIONAL_PLAN = {"engine_id": "str", "fleet": "dict?"}
+OPTIONAL_GENERATOR = {"engine_id": "str"}
+FLEET_PREDICTION = {"engine_id": "str", "chosen_k": "int?", "predicted_wait_ms": "num",
+                    "ttft_p50_ms": "num?", "ttft_p95_ms": "num?", "binding": "str?"}
 GENERATION_PARAMS = {"max_new_tokens": "int", "temperature": "num", "top_p": "num", "seed": "int?"}
 # What version 2 adds or changes, per section (checked on top of the version-1 specs).
 V2_CANDIDATE = {**CANDIDATE, "chunk_id": "idstr"}
@@ -214,6 +226,7 @@ def validate_body(body: dict[str, Any]) -> None:
         raise InvalidInput("plan.profile_source must be 'fitted' or 'prior'", field="plan.profile_source")
     if body["generator"] is not None:
         _check_fields(body["generator"]["params"], GENERATION_PARAMS, "generator.params")
+    _check_engine(body)
     if body["timings"] is not None:
         for name, spec in OPTIONAL_TIMINGS.items():
             if name in body["timings"]:
@@ -229,6 +242,33 @@ def validate_body(body: dict[str, Any]) -> None:
         _check_type(body["extra"], "dict", "extra")
     if v2:
         _validate_v2(body)
+
+
+def _check_engine(body: dict[str, Any]) -> None:
+    """The optional engine fields (:data:`OPTIONAL_PLAN`, :data:`OPTIONAL_GENERATOR`): typed when
+    present, ``plan.fleet.predictions`` each a :data:`FLEET_PREDICTION`."""
+    for section, specs in (("plan", OPTIONAL_PLAN), ("generator", OPTIONAL_GENERATOR)):
+        got = body.get(section)
+        if not isinstance(got, dict):
+            continue
+        for name, spec in specs.items():
+            if name in got:
+                _check_type(got[name], spec, f"{section}.{name}")
+    fleet = (body.get("plan") or {}).get("fleet")
+    if isinstance(fleet, dict):
+        _check_type(fleet.get("predictions"), "list", "plan.fleet.predictions")
+        for i, pred in enumerate(fleet["predictions"]):
+            _check_fields(pred, FLEET_PREDICTION, f"plan.fleet.predictions[{i}]")
+
+
+def recorded_engine(body: dict[str, Any]) -> str | None:
+    """The engine id a receipt records (``generator.engine_id``, else ``plan.engine_id``); None
+    for a receipt from before engines were recorded (the server's one engine answered it)."""
+    for section in ("generator", "plan"):
+        got = body.get(section)
+        if isinstance(got, dict) and isinstance(got.get("engine_id"), str):
+            return str(got["engine_id"])
+    return None
 
 
 def _check_slots(candidates: list[dict[str, Any]]) -> None:

@@ -76,6 +76,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         await asyncio.to_thread(record_interrupted_answers, services, drainer)
         yield
         drainer.stop()
+        _app.state.pipeline.close()  # the engines' /slots readers and health probes
 
     # docs_url/redoc_url off: FastAPI's pages load their scripts from a CDN; ours are local.
     app = FastAPI(title="ragbudget", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,

@@ -111,5 +111,6 @@ def get_latency_profile(profile_id: str, request: Request, samples: bool = Query
     out = ProfileDetail.model_validate(profile.to_dict() if samples else profile.summary())
     pipeline = getattr(request.app.state, "pipeline", None)
     if pipeline is not None:
-        out.correction = pipeline.bands.correction_summary(profile)
+        # the correction of the engine planning with this profile (each engine has its own)
+        out.correction = pipeline.bands_of(profile.id).correction_summary(profile)
     return out

@@ -21,6 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                      help="cached-prefix lengths to measure besides 0 (default: the scaffold sizes)")
     cal.add_argument("--prefill-model", choices=sorted(PREFILL_MODELS),
                      help="force a prefill form (default: chosen by held-out error)")
+    cal.add_argument("--engine", metavar="ID", help="the configured engine to calibrate (an id of "
+                     "RAGBUDGET_ENGINES; default: the first)")
     cal.add_argument("--no-save", action="store_true", help="fit and print, but do not store")
     cal.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_json_flag(cal)
@@ -104,27 +106,31 @@ def cmd_calibrate(args: argparse.Namespace, services: Any) -> int:
     """``ragbudget calibrate``: fit a profile for this device and generator, print and store it."""
     payload = calibrate_profile(services, quick=args.quick, seed=args.seed, cached_tokens=args.cached_tokens,
                                 prefill_model=args.prefill_model, progress=not args.no_progress,
-                                save=not args.no_save)
+                                save=not args.no_save, engine=args.engine)
     emit(args, payload, lambda p: describe(p) + (f"\n  saved    {p['saved_to']}" if p["saved_to"] else ""))
     return 0
 
 
 def calibrate_profile(services: Any, *, quick: bool, seed: int = 0, cached_tokens: list[int] | None = None,
                       prefill_model: str | None = None, progress: bool = True,
-                      save: bool = True) -> dict[str, Any]:
+                      save: bool = True, engine: str | None = None) -> dict[str, Any]:
     """Time the generator on the quick or full grid, fit a profile and (``save``) store it.
 
-    ``cached_tokens`` defaults to the sizes of the scaffolds in use. Returns the
-    profile's summary with ``saved_to`` (the JSON file, or None).
+    ``cached_tokens`` defaults to the sizes of the scaffolds in use; ``engine``: the id of the
+    configured engine to time (default: the first). The profile is keyed by that engine's
+    identity, so the answer path finds it for that engine. Returns the profile's summary with
+    ``saved_to`` (the JSON file, or None) and ``engine_id``.
 
     Raises:
         InvalidConfig: the generator cannot be timed (no ``prefill_ms``/``decode_step_ms``).
+        NotFound: ``unknown_engine``, ``engine`` is not configured.
     """
     from app.profile_store import save_profile
     from latency_model.calibration import PrefillTimer, calibrate
     from latency_model.grid import engine_chunk_tokens, full_grid, quick_grid
 
-    timer = services.generator
+    engine_id = engine if engine is not None else services.engine_ids[0]
+    timer = services.engine_generator(engine_id)
     if not isinstance(timer, PrefillTimer):
         raise InvalidConfig("the configured generator cannot be timed (no prefill_ms/decode_step_ms)")
     window = int(timer.identity.get("context_window") or getattr(timer, "context_window", 0) or 2048)
@@ -134,7 +140,7 @@ def calibrate_profile(services: Any, *, quick: bool, seed: int = 0, cached_token
     _print_estimate(services, timer, grid, seed, progress)
     profile = calibrate(timer, grid=grid, seed=seed, progress=progress, prefill_model=prefill_model)
     path = save_profile(services.engine, services.data_dir, profile) if save else None
-    return {**profile.summary(), "saved_to": str(path) if path else None}
+    return {**profile.summary(), "saved_to": str(path) if path else None, "engine_id": engine_id}
 
 
 def _print_estimate(services: Any, timer: Any, grid: Any, seed: int, progress: bool) -> None:

@@ -1,0 +1,244 @@
+"""The engines of one answer pipeline: each with its generator, queue, planning band and health.
+
+A server answers over the engines of ``Settings.engine_list()`` (``RAGBUDGET_ENGINES``; one
+engine, id ``default``, when no list is configured). Each :class:`FleetEngine` holds, for
+one engine:
+
+* its generator (``Services.engine_generator``: the first engine's is ``Services.generator``);
+* its own :class:`app.genqueue.GenerationQueue`, whose slots are the engine's ``max_running``
+  (the local engine's batch size, a remote engine's setting or llama.cpp's ``/props``
+  ``total_slots``);
+* its own :class:`app.plan_bands.PlanBands`: the batch-aware band and the online correction of
+  the profile in force for that engine's identity (profiles are keyed by the generator's
+  identity, so two engines have two profiles and two corrections);
+* its load from other clients, for a llama.cpp engine (:class:`generation.remote_load.SlotLoad`,
+  read in the background, priced in its queue's predicted wait: :mod:`app.genqueue`);
+* its health (:class:`EngineHealth`): an engine that refuses connections is taken out of
+  rotation, probed every ``engine_probe_interval_s`` in the background and brought back when
+  it answers.
+
+The pipeline plans each answer over every engine in rotation with
+:func:`latency_model.fleet.choose` (``app.pipeline``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from app.genqueue import GenerationQueue
+from app.plan_bands import PlanBands
+from app.settings import EngineConfig
+
+if TYPE_CHECKING:
+    from generation.base import Generator
+    from generation.remote_load import SlotLoad
+    from latency_model.profile import Profile
+
+log = logging.getLogger("ragbudget.fleet")
+
+#: Errors of an engine that is not there: nothing was sent, or the connection was refused/cut
+#: before the server answered (httpx's connect-level failures).
+_GONE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
+         ConnectionError)
+
+
+def engine_gone(exc: BaseException) -> bool:
+    """True when ``exc`` (or an exception it was raised from) says the engine cannot be reached:
+    a refused or dropped connection (:data:`_GONE`), not an answer the engine gave."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, _GONE):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+class EngineHealth:
+    """Whether an engine is in rotation; probes it in the background while it is out.
+
+    Args:
+        engine_id: for logs.
+        probe_url: ``GET`` this; any HTTP answer below 500 brings the engine back. None: the
+            engine is never taken out (the local engine).
+        interval_s: seconds between probes.
+        api_key: sent as ``Authorization: Bearer`` when set.
+    """
+
+    def __init__(self, engine_id: str, probe_url: str | None, interval_s: float,
+                 api_key: str | None = None) -> None:
+        self.engine_id = engine_id
+        self.probe_url = probe_url
+        self.interval_s = float(interval_s)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._lock = threading.Lock()
+        self.healthy = True
+        self.reason: str | None = None
+        self.down_since: float | None = None
+        self.downs = 0  # times taken out of rotation
+        self._prober: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    def mark_down(self, reason: str) -> None:
+        """Take the engine out of rotation and start probing it (no-op without a probe URL)."""
+        if self.probe_url is None:
+            return
+        with self._lock:
+            if not self.healthy:
+                return
+            self.healthy, self.reason, self.down_since = False, reason, time.perf_counter()
+            self.downs += 1
+            self._prober = threading.Thread(target=self._probe_loop, daemon=True,
+                                            name=f"ragbudget-probe-{self.engine_id}")
+            self._prober.start()
+        log.warning("engine %s out of rotation: %s", self.engine_id, reason)
+
+    def probe(self) -> bool:
+        """One probe now: True (and back in rotation) when the engine answers below HTTP 500."""
+        assert self.probe_url is not None
+        try:
+            ok = httpx.get(self.probe_url, headers=self._headers, timeout=2.0).status_code < 500
+        except httpx.HTTPError:
+            ok = False
+        if ok:
+            with self._lock:
+                was_down = not self.healthy
+                self.healthy, self.reason, self.down_since = True, None, None
+            if was_down:
+                log.warning("engine %s back in rotation", self.engine_id)
+        return ok
+
+    def close(self) -> None:
+        """Stop probing (the probe thread ends within one interval)."""
+        self._closed.set()
+
+    def _probe_loop(self) -> None:
+        while not self._closed.wait(self.interval_s):
+            if self.probe():
+                return
+
+
+class FleetEngine:
+    """One engine of a pipeline (see the module docstring).
+
+    Args:
+        pipeline: the owning ``app.pipeline.AnswerPipeline`` (its services, settings, switches).
+        config: the engine's :class:`app.settings.EngineConfig`.
+        position: its place in the configured list (the planner's last tie-break).
+    """
+
+    def __init__(self, pipeline: Any, config: EngineConfig, position: int) -> None:
+        self._pipeline = pipeline
+        self.config = config
+        self.id = config.id
+        self.position = position
+        settings = pipeline.settings
+        self.queue = GenerationQueue(settings.queue_max)
+        self.bands = PlanBands(pipeline, generator=lambda: self.generator)
+        interval = float(getattr(settings, "engine_probe_interval_s", 1.0))
+        probe = None
+        if config.kind == "remote" and config.base_url:
+            probe = config.base_url.rstrip("/") + "/models"
+        self.health = EngineHealth(config.id, probe, interval, config.api_key)
+        self._load: SlotLoad | None = None
+        self._load_lock = threading.Lock()
+        #: The id of the profile the latest plan on this engine used (None before one).
+        self.profile_id: str | None = None
+
+    @property
+    def generator(self) -> Generator:
+        """The engine's generator (built on first use, once per process; the first engine's is
+        ``services.generator``)."""
+        services = self._pipeline.services
+        if self.position == 0:
+            return services.generator
+        return services.engine_generator(self.id)
+
+    @property
+    def healthy(self) -> bool:
+        """In rotation (see :class:`EngineHealth`)."""
+        return self.health.healthy
+
+    def profile(self) -> Profile:
+        """The latency profile in force for this engine's generator
+        (:func:`app.profile_store.current_profile`)."""
+        from app.profile_store import current_profile
+
+        return current_profile(self._pipeline.services, self.generator)
+
+    def sync_slots(self) -> GenerationQueue:
+        """The queue, its slots set to the generator's ``max_running`` (1 when it says none),
+        and, for a remote engine, its load from other clients wired in (:meth:`start_load`)."""
+        self.queue.slots = max(1, int(getattr(self.generator, "max_running", 1) or 1))
+        return self.queue
+
+    def start_load(self, profile: Profile) -> None:
+        """Read a remote engine's ``/slots`` in the background (once) and price its busy slots in
+        the queue's wait: each slot's tokens still allowed (``n_remain``; unlimited or unreported:
+        ``default_max_new_tokens`` minus those decoded, at least 1) x the profile's TPOT at half
+        the engine's context window (ms). No-op for the local engine (its queue is the engine)."""
+        if self.config.kind != "remote" or not self.config.base_url:
+            return
+        with self._load_lock:
+            if self._load is not None:
+                return
+            from generation.remote_load import SlotLoad
+
+            settings = self._pipeline.settings
+            self._load = SlotLoad(self.config.base_url, float(settings.engine_probe_interval_s),
+                                  api_key=self.config.api_key).start()
+        default_new = int(settings.default_max_new_tokens)
+        window = int(getattr(self.generator, "context_window", 4096) or 4096)
+        tpot = float(profile.predict_tpot_ms(max(window // 2, 1)))
+        load = self._load
+
+        def remaining() -> list[float] | None:
+            reading = load.reading()
+            if reading is None or not reading.busy:
+                return None
+            return [max(remain if remain >= 0 else default_new - decoded, 1) * tpot
+                    for decoded, remain in reading.busy]
+
+        self.queue.engine_load = remaining
+
+    @property
+    def load(self) -> SlotLoad | None:
+        """The background reader of the engine's ``/slots`` (None before :meth:`start_load`, and
+        for the local engine)."""
+        return self._load
+
+    def predicted_wait_ms(self) -> float:
+        """The queue's predicted wait, the load from other clients included (:mod:`app.genqueue`)."""
+        return self.queue.predicted_wait_ms()
+
+    def in_flight(self) -> int:
+        """ragbudget's requests running or waiting on this engine."""
+        q = self.queue
+        return len(q._running_places) + q.depth  # noqa: SLF001 - same room, read-only
+
+    def close(self) -> None:
+        """Stop this engine's background threads (its ``/slots`` reader and its health probe)."""
+        if self._load is not None:
+            self._load.stop()
+        self.health.close()
+
+    def __del__(self) -> None:  # a pipeline dropped without close(): its threads end too
+        with contextlib.suppress(Exception):  # at interpreter shutdown
+            self.close()
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-ready summary: id, kind, base URL, health, slots, queue depth, predicted wait."""
+        reading = self._load.reading() if self._load is not None else None
+        return {"id": self.id, "kind": self.config.kind, "base_url": self.config.base_url,
+                "healthy": self.healthy, "down_reason": self.health.reason,
+                "slots": self.queue.slots, "queue_depth": self.queue.depth,
+                "in_flight": self.in_flight(), "predicted_wait_ms": self.predicted_wait_ms(),
+                "foreign_busy": len(self.queue.foreign()),
+                "engine_busy": None if reading is None else len(reading.busy)}

@@ -1,0 +1,222 @@
+"""A fleet of real engines: round-robin, least predicted TTFT and the joint choice, side by side.
+
+Two (``--engines``) llama.cpp native servers (``llama-server``, one slot, one thread each, each
+pinned to its own core with ``taskset``), serving the packaged SmolLM2 GGUF, are one
+ragbudget replica's engines (``RAGBUDGET_ENGINES``). Each engine's profile is fitted on that
+engine over a small grid (real timed requests). ``--clients`` closed-loop clients each ask
+``--rounds`` questions (the project's operational questions and the book index's, on the
+corpus ingested in ``RAGBUDGET_DATA_DIR``) with each budget of ``--budgets``, through the
+answer pipeline, in three arms over the same servers:
+
+* ``rr``: round-robin over the engines at a fixed k (what a plain load balancer does);
+* ``least``: the engine with the least predicted p95 TTFT (its wait plus the prefill) at the
+  fixed k (llm-d's predicted-latency routing);
+* ``joint``: the fleet planner's engine and k (``latency_model.fleet.choose``), k chosen again
+  on the engine when the request gets a place (late binding).
+
+The fixed k of ``rr`` and ``least`` is, per budget, the k the planner gives the first question
+on an idle engine (an operator's best static setting), at least 1 so they carry context. The
+joint arm asks to be refused fast (``on_budget_miss: reject``, 503 with Retry-After) when no
+engine can make k = 0; the baselines cannot refuse. With ``--flood ENGINE`` another client
+sends long completions straight to that engine (not through ragbudget) during every arm.
+
+Per arm and budget: share of answered requests within the budget, share refused fast, mean k,
+goodput (answers within budget per minute), TTFT p50/p95, each engine's share of the answers.
+
+    RAGBUDGET_DATA_DIR=bench-data python -m benchmarks.fleet --clients 4 --rounds 3 \\
+        --budgets 1500 3000 --json benchmarks/results/fleet.json [--flood a]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import machine_line, quantile_or_none
+
+ARMS = ("rr", "least", "joint")
+ALIAS = "smollm2-135m-instruct-q4_1"
+
+
+def _flood(url: str, stop: threading.Event) -> list[threading.Thread]:
+    """Two client threads sending long completions straight to ``url`` until ``stop``."""
+    import httpx
+
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                httpx.post(f"{url}/completions", timeout=300.0,
+                           json={"model": ALIAS, "prompt": "Write a long maintenance report.",
+                                 "max_tokens": 256, "ignore_eos": True})
+            except httpx.HTTPError:
+                time.sleep(0.2)
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def run_arm(pipe: Any, arm: str, fixed_k: dict[float, int], questions: list[str], budgets: list[float],
+            clients: int, rounds: int, max_new_tokens: int) -> list[dict[str, Any]]:
+    """Every client asks ``rounds`` questions at each budget (closed loop); one row per answer."""
+    from app.answer_state import AnswerRequest
+    from foundation.errors import RagBudgetError
+
+    rows: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    pipe.routing = {"rr": "round_robin", "least": "least_ttft", "joint": "joint"}[arm]
+
+    def client(c: int, budget: float) -> None:
+        for r in range(rounds):
+            q = questions[(c * rounds + r) % len(questions)]
+            t0 = time.perf_counter()
+            try:
+                a = pipe.answer(AnswerRequest(q, ttft_budget_ms=budget, max_new_tokens=max_new_tokens,
+                                              on_budget_miss="reject" if arm == "joint" else "answer"))
+                row = {"arm": arm, "budget_ms": budget, "status": a.status, "ttft_ms": a.timings.ttft_ms,
+                       "k": a.chosen_k, "engine": a.predicted.engine_id, "within": a.within_budget}
+            except RagBudgetError as exc:
+                row = {"arm": arm, "budget_ms": budget, "status": exc.code, "ttft_ms": None, "k": None,
+                       "engine": None, "within": False}
+            row["wall_ms"] = (time.perf_counter() - t0) * 1000.0
+            with lock:
+                rows.append(row)
+
+    for budget in budgets:
+        pipe.fixed_k = None if arm == "joint" else fixed_k[budget]
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=client, args=(c, budget)) for c in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        minutes = (time.perf_counter() - t0) / 60.0
+        for row in rows:
+            if row["arm"] == arm and row["budget_ms"] == budget:
+                row["run_minutes"] = minutes
+    pipe.fixed_k = None
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per arm and budget: within budget, mean k, goodput, TTFT p50/p95, engine shares."""
+    out: dict[str, Any] = {}
+    for arm in ARMS:
+        for budget in sorted({r["budget_ms"] for r in rows}):
+            sel = [r for r in rows if r["arm"] == arm and r["budget_ms"] == budget]
+            if not sel:
+                continue
+            answered = [r for r in sel if r["engine"]]
+            ttfts = [r["ttft_ms"] for r in answered if r["ttft_ms"] is not None]
+            ks = [r["k"] for r in answered if r["k"] is not None]
+            within = sum(1 for r in answered if r["within"])
+            engines = Counter(r["engine"] for r in answered)
+            out[f"{arm}@{budget:.0f}"] = {
+                "requests": len(sel), "answers": len(answered),
+                "within_budget": within / len(answered) if answered else None,
+                "refused_fast": sum(1 for r in sel if r["status"] == "budget_unreachable") / len(sel),
+                "mean_k": sum(ks) / len(ks) if ks else None,
+                "goodput_per_min": within / sel[0]["run_minutes"],
+                "ttft_p50_ms": quantile_or_none(ttfts, 0.5), "ttft_p95_ms": quantile_or_none(ttfts, 0.95),
+                "engine_share": {e: n / len(answered) for e, n in sorted(engines.items())},
+                "statuses": dict(Counter(r["status"] for r in sel))}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print the table (and write ``--json``)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--engines", type=int, default=2)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--budgets", type=float, nargs="+", default=[1500.0, 3000.0])
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--flood", default=None, help="engine id another client floods directly")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    from app.pipeline import AnswerPipeline
+    from app.profile_store import save_profile
+    from app.services import Services
+    from app.settings import get_settings
+    from app.sweep import default_questions
+    from generation.assets import ensure_packaged_generator, packaged_gguf_path
+    from latency_model.calibration import calibrate
+    from latency_model.grid import quick_grid
+    from ragbudget_testing.llama_server import NativeLlamaServer
+
+    base = get_settings()
+    smollm = ensure_packaged_generator(base.data_dir)
+    cores = sorted(os.sched_getaffinity(0))
+    ids = [chr(ord("a") + i) for i in range(args.engines)]
+    logs = Path(tempfile.mkdtemp(prefix="ragbudget-fleet-"))
+    servers = {}
+    try:
+        for i, eid in enumerate(ids):
+            servers[eid] = NativeLlamaServer(packaged_gguf_path(), logs / f"{eid}.log", alias=ALIAS,
+                                             n_ctx=args.n_ctx, threads=1, parallel=1,
+                                             cpus=[cores[i % len(cores)]]).start()
+        engines = [{"id": eid, "kind": "remote", "base_url": s.base_url, "model": ALIAS,
+                    "tokenizer": str(smollm), "context_window": args.n_ctx} for eid, s in servers.items()]
+        services = Services(get_settings(engines=engines))
+        grid = dataclasses.replace(quick_grid(args.n_ctx, [0]), repeats=1, short_repeats=1,
+                                   long_repeats=1, warmup=2, fresh_points=8)
+        for eid in ids:
+            save_profile(services.engine, services.data_dir,
+                         calibrate(services.engine_generator(eid), grid=grid, seed=0, progress=False))
+        pipe = AnswerPipeline(services)
+        pipe.warm()
+        questions = [q["question"] for q in default_questions(services.data_dir, 10, 0)]
+        from app.answer_state import AnswerRequest
+
+        fixed_k = {b: max(int(pipe.prepare(AnswerRequest(questions[0], ttft_budget_ms=b)).plan.chosen_k
+                                  or 0), 1) for b in args.budgets}
+        stop = threading.Event()
+        flood = _flood(servers[args.flood].base_url, stop) if args.flood else []
+        rows: list[dict[str, Any]] = []
+        try:
+            for arm in ARMS:
+                rows += run_arm(pipe, arm, fixed_k, questions, args.budgets, args.clients, args.rounds,
+                                args.max_new_tokens)
+        finally:
+            stop.set()
+            for t in flood:
+                t.join(600)
+        summary = summarise(rows)
+        result = {"machine": machine_line(), "engines": len(ids), "pinned": "one core each (taskset)",
+                  "clients": args.clients, "rounds": args.rounds, "budgets": args.budgets,
+                  "max_new_tokens": args.max_new_tokens, "fixed_k": {str(k): v for k, v in fixed_k.items()},
+                  "flood": args.flood, "summary": summary, "rows": rows}
+        print(machine_line())
+        print(f"fixed k (rr, least): {fixed_k}; flood: {args.flood}")
+        print(f"{'arm@budget':<14} {'n':>3} {'within':>7} {'refused':>7} {'mean k':>7} "
+              f"{'goodput/min':>11} {'p50 ms':>8} {'p95 ms':>8}  engines")
+        for name, s in summary.items():
+            print(f"{name:<14} {s['requests']:>3} {s['within_budget'] or 0.0:>7.0%} "
+                  f"{s['refused_fast']:>7.0%} "
+                  f"{(s['mean_k'] if s['mean_k'] is not None else float('nan')):>7.2f} "
+                  f"{s['goodput_per_min']:>11.1f} {s['ttft_p50_ms'] or float('nan'):>8.0f} "
+                  f"{s['ttft_p95_ms'] or float('nan'):>8.0f}  {s['engine_share']}")
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(result, indent=1))
+        pipe.close()
+        services.close()
+    finally:
+        for s in servers.values():
+            s.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
