@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from app.pipeline import AnswerPipeline
-from generation.scheduler import StepRecord
+from generation.engine.messages import StepRecord
 from latency_model.calibration import calibrate
 from latency_model.grid import quick_grid
 from latency_model.profile import Profile

@@ -199,7 +199,7 @@ def test_an_answer_whose_admission_or_scaffold_store_fails_ends_alone(
     computed scaffold) fails for one answer: that answer ends with the error, the greedy
     answer admitted in the same step ends as it does alone."""
     engine = tiny.engine
-    lookup, store = engine.prefix_lookup, engine.prefix_store
+    lookup, store = engine.kv_cache.lookup, engine.kv_cache.store
 
     def failing_lookup(ids: list[int]) -> Any:
         if ids == [5, 6]:
@@ -211,8 +211,8 @@ def test_an_answer_whose_admission_or_scaffold_store_fails_ends_alone(
             raise RuntimeError("prefix cache store fault")
         store(ids, kv, logits)
 
-    monkeypatch.setattr(engine, "prefix_lookup", failing_lookup)
-    monkeypatch.setattr(engine, "prefix_store", failing_store)
+    monkeypatch.setattr(engine.kv_cache, "lookup", failing_lookup)
+    monkeypatch.setattr(engine.kv_cache, "store", failing_store)
     greedy = tiny._sequence(GREEDY_PROMPT, 0, GenParams(MAX_NEW))
     no_admit = tiny._sequence([5, 6, 7], 2, GenParams(MAX_NEW))
     no_store = tiny._sequence([8, 9, 10], 2, GenParams(MAX_NEW))

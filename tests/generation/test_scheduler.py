@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 import torch
 
+from generation.engine.core import Engine
+from generation.engine.request import Request as Sequence
+from generation.engine.scheduler import padded_rows
 from generation.packed_attention import ATTN_NAME, register_packed_attention
-from generation.scheduler import Engine, Sequence, padded_rows
 
 
 def _tiny(kind: str) -> Any:
