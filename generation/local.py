@@ -37,7 +37,7 @@ from generation.base import (
 )
 from generation.engine.core import Engine
 from generation.engine.kv_cache import PrefixKVCache, SeqKV
-from generation.engine.messages import StepRecord
+from generation.engine.messages import Admitted, Finished, StepRecord
 from generation.engine.request import Request
 from generation.engine.scheduler import MIN_ROWS, ROW_MULTIPLE, schedule
 from generation.packed_attention import ATTN_NAME, register_packed_attention
@@ -435,14 +435,14 @@ class LocalGenerator:
                         stats.finish_reason = "cancelled"
                         return
                     continue
-                if msg[0] == "meta":
-                    stats.start_t = msg[1]["start_t"]
-                    stats.cached_tokens = msg[1]["cached_tokens"]
+                if isinstance(msg, Admitted):
+                    stats.start_t = msg.start_t
+                    stats.cached_tokens = msg.cached_tokens
                     stats.computed_tokens = len(prompt_ids) - stats.cached_tokens
                     continue
-                if msg[0] == "end":
+                if isinstance(msg, Finished):
                     ended = True
-                    _, reason, exc = msg
+                    reason, exc = msg.reason, msg.error
                     if exc is not None:
                         stats.finish_reason = "error"
                         if isinstance(exc, RagBudgetError):
@@ -454,7 +454,7 @@ class LocalGenerator:
                     if reason == "stop" and stats.first_token_t is None and stats.start_t is not None:
                         stats.prefill_ms = (time.perf_counter() - stats.start_t) * 1000.0
                     return
-                _, tok, t = msg
+                tok, t = msg.token_id, msg.t
                 if stats.first_token_t is None:
                     stats.first_token_t = t
                     stats.prefill_ms = (t - (stats.start_t or t)) * 1000.0
@@ -480,7 +480,7 @@ class LocalGenerator:
                 deadline = time.perf_counter() + 60.0
                 while time.perf_counter() < deadline:
                     try:
-                        if seq.out.get(timeout=0.05)[0] == "end":
+                        if isinstance(seq.out.get(timeout=0.05), Finished):
                             break
                     except queue.Empty:
                         continue

@@ -61,7 +61,16 @@ from typing import Any
 
 from foundation.compute import compute
 from generation.engine.kv_cache import KVCache
-from generation.engine.messages import StepRecord
+from generation.engine.messages import (
+    Admitted,
+    BatchSnapshot,
+    Decoding,
+    EndReason,
+    Finished,
+    Prefilling,
+    StepRecord,
+    Token,
+)
 from generation.engine.request import Request
 from generation.engine.runner import ModelRunner
 from generation.engine.scheduler import StepPlan, admissions, schedule
@@ -182,28 +191,28 @@ class Engine:
         with self._state:
             return len(self._running)
 
-    def batch_snapshot(self) -> tuple[list[tuple[int, int]], list[tuple[int, int, int, int]]]:
-        """What a new answer would share steps with, now: ``(context length, decode steps
-        left)`` of each running answer that is decoding (tokens in its KV; steps until it
-        reaches ``max_new``, fewer if it stops at an end-of-text token), and ``(prompt tokens
-        left, next position, max_new, order)`` of each answer admitted or waiting that is still
-        prefilling, in prefill order (:func:`generation.engine.scheduler.schedule`). An answer
-        not admitted yet starts after its scaffold when the prefix cache holds it
-        (``prefix_known``), else from position 0.
-        Read by ``latency_model.step_model.BatchedBand``."""
+    def batch_snapshot(self) -> BatchSnapshot:
+        """What a new answer would share steps with, now: each running answer that is decoding
+        (:class:`Decoding`: tokens in its KV; steps until it reaches ``max_new``, fewer if it
+        stops at an end-of-text token), and each answer admitted or waiting that is still
+        prefilling (:class:`Prefilling`: prompt tokens left, next position, max_new, order), in
+        prefill order (:func:`generation.engine.scheduler.schedule`). An answer not admitted
+        yet starts after its scaffold when the prefix cache holds it (``prefix_known``), else
+        from position 0. Read by ``app.plan_bands`` for ``latency_model.step_model.BatchedBand``."""
         with self._state:
             seqs = [s for s in [*self._running, *self._waiting] if not s.done]
-            decoding = [(s.pos, max(s.max_new - s.produced, 0)) for s in seqs if not s.in_prefill()]
+            decoding = tuple(Decoding(s.pos, max(s.max_new - s.produced, 0))
+                             for s in seqs if not s.in_prefill())
             prefilling = [(s, len(s.prompt), s.pos, s.max_new, s.kv is None, _order(s))
                           for s in seqs if s.in_prefill()]
-        out: list[tuple[int, int, int, int]] = []
+        out: list[Prefilling] = []
         for seq, n, pos, max_new, waiting, order in sorted(prefilling, key=lambda e: e[5]):
-            # The cache has its own lock: asked outside _cond.
+            # The cache has its own lock: asked outside _state.
             if (waiting and pos == 0 and 0 < seq.prefix_len < n
                     and self.kv_cache.holds(seq.prompt[:seq.prefix_len])):
                 pos = seq.prefix_len
-            out.append((n - pos, pos, max_new, order))
-        return decoding, out
+            out.append(Prefilling(n - pos, pos, max_new, order))
+        return BatchSnapshot(decoding, tuple(out))
 
     def recent_steps(self) -> list[StepRecord]:
         """The last :data:`STEP_LOG` timed steps, oldest first: what the machine is doing now
@@ -275,10 +284,10 @@ class Engine:
     def _gone(seq: Request) -> bool:
         return seq.closed or (seq.cancel is not None and seq.cancel.is_set())
 
-    def _finish(self, seq: Request, reason: str, exc: BaseException | None = None) -> None:
+    def _finish(self, seq: Request, reason: EndReason, exc: BaseException | None = None) -> None:
         seq.done = True
         seq.kv = None
-        seq.out.put(("end", reason, exc))
+        seq.out.put(Finished(reason, exc))
 
     def _admit(self, seq: Request) -> None:
         admitted_t = time.perf_counter()
@@ -288,7 +297,7 @@ class Engine:
             seq.pos, seq.cached_tokens = got.cached_tokens, got.cached_tokens
             if got.first_logits is not None:
                 seq.first_logits = got.first_logits
-        seq.out.put(("meta", {"start_t": seq.admitted_t, "cached_tokens": seq.cached_tokens}))
+        seq.out.put(Admitted(admitted_t, got.cached_tokens))
 
     def step(self, live: list[Request]) -> None:
         """One step of exactly the admitted answers ``live`` on the caller's thread (the compute
@@ -355,7 +364,7 @@ class Engine:
         if tok in seq.eos and not seq.ignore_eos:
             self._finish(seq, "stop")
             return
-        seq.out.put(("token", tok, t))
+        seq.out.put(Token(tok, t))
         seq.produced += 1
         seq.next_tok = tok
         if seq.produced >= seq.max_new:

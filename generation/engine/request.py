@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from generation.engine.kv_cache import SeqKV
+from generation.engine.messages import EngineEvent
 from generation.engine.scheduler import next_chunk
 
 
@@ -17,8 +18,8 @@ class Request:
     """One answer inside the engine.
 
     ``prompt[:prefix_len]`` is the scaffold: looked up in (and, on a miss, added to) the
-    prefix cache. Events go to ``out`` as ``("token", token_id, t)``, ``("meta", dict)``
-    and a final ``("end", finish_reason, exception_or_None)``.
+    prefix cache. Events go to ``out`` (:mod:`generation.engine.messages`): ``Admitted`` when
+    it joins the batch, a ``Token`` per token, a final ``Finished``.
 
     ``select`` turns the answer's logits row ``(vocab,)`` into its next token id; while fewer
     than ``min_new`` tokens were produced, the ``eos`` ids are masked out of that row first
@@ -35,7 +36,7 @@ class Request:
     cancel: threading.Event | None = None
     min_new: int = 0
     ignore_eos: bool = False
-    out: queue.SimpleQueue[tuple[Any, ...]] = field(default_factory=queue.SimpleQueue)
+    out: queue.SimpleQueue[EngineEvent] = field(default_factory=queue.SimpleQueue)
     kv: SeqKV | None = None
     pos: int = 0
     next_tok: int | None = None

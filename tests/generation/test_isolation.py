@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from foundation.errors import BackendError
 from generation.base import MAX_SEED, GenParams
+from generation.engine.messages import Finished, Token
 
 FUZZ_EXAMPLES = int(os.environ.get("RAGBUDGET_SAMPLING_FUZZ_EXAMPLES", "40"))
 DERANDOMIZE = "RAGBUDGET_SAMPLING_FUZZ_EXAMPLES" not in os.environ
@@ -87,10 +88,10 @@ def run_together(gen: Any, *seqs: Any) -> list[tuple[list[int], str, BaseExcepti
         tokens: list[int] = []
         while True:
             msg = seq.out.get(timeout=60)
-            if msg[0] == "token":
-                tokens.append(msg[1])
-            elif msg[0] == "end":
-                out.append((tokens, msg[1], msg[2]))
+            if isinstance(msg, Token):
+                tokens.append(msg.token_id)
+            elif isinstance(msg, Finished):
+                out.append((tokens, msg.reason, msg.error))
                 break
     return out
 
