@@ -287,7 +287,8 @@ def prefill_schedule(prompt_tokens: int, cached_tokens: int, prefix_tokens: int,
 class _Replayed:
     """One answer as the replay holds it: what the engine's scheduler reads of a request
     (:class:`generation.engine.scheduler.Schedulable`), plus the decode steps it has left
-    (None: unbounded) and how many it decodes once its prefill ends (None: never joins)."""
+    (None: unbounded) and, for an answer ahead, whether it decodes once its prefill ends
+    (``decodes_after``; False: it ends with its first token)."""
 
     pos: int
     prompt_len: int
@@ -296,7 +297,7 @@ class _Replayed:
     order: int | None
     decode_ready: bool = False
     steps_left: int | None = None
-    joins_for: int | None = None
+    decodes_after: bool = False
 
 
 def batched_step_shapes(*, prompt_tokens: int, cached_tokens: int, prefix_tokens: int,
@@ -326,10 +327,11 @@ def batched_step_shapes(*, prompt_tokens: int, cached_tokens: int, prefix_tokens
         InvalidInput: bad token counts.
     """
     prefill_schedule(prompt_tokens, cached_tokens, prefix_tokens, chunk_tokens)  # checks the counts
-    decoders = [_Replayed(int(d.context_tokens), int(d.context_tokens), 0, 1, None, True,
-                          None if d.steps_left is None else int(d.steps_left))
-                for d in decode_contexts]
-    prefilling: list[_Replayed] = []
+    # The batch in the engine's batch order: the decoders, the answers ahead (prefill order),
+    # this answer; an answer ahead decodes in its own place once its prefill ends.
+    batch = [_Replayed(int(d.context_tokens), int(d.context_tokens), 0, 1, None, True,
+                       None if d.steps_left is None else int(d.steps_left))
+             for d in decode_contexts]
     for order, e in enumerate(prefills_ahead):
         pos, end = int(e.position), int(e.position) + int(e.tokens_left)
         if pos < 0 or end < pos:
@@ -337,26 +339,23 @@ def batched_step_shapes(*, prompt_tokens: int, cached_tokens: int, prefix_tokens
         steps = None if e.max_new is None else int(e.max_new) - 1  # its first token: the prefill's
         # An answer ahead is chunked from its next position on (its scaffold boundary is not
         # in the snapshot), as the engine chunks a prompt past its scaffold.
-        prefilling.append(_Replayed(pos, end, 0, chunk_tokens, order, steps_left=steps,
-                                    joins_for=None if steps is not None and steps < 1 else -1))
-    own = _Replayed(cached_tokens, prompt_tokens, prefix_tokens, chunk_tokens, len(prefilling))
-    prefilling.append(own)
+        batch.append(_Replayed(pos, end, 0, chunk_tokens, order, steps_left=steps,
+                               decodes_after=steps is None or steps >= 1))
+    own = _Replayed(cached_tokens, prompt_tokens, prefix_tokens, chunk_tokens, len(prefills_ahead))
+    batch.append(own)
     shapes: list[StepShape] = []
     while own.pos < own.prompt_len:
-        live = [*decoders, *prefilling]
-        plan = schedule(live, step_token_budget)
+        plan = schedule(batch, step_token_budget)
         shapes.append(StepShape.of_plan(plan))
-        joined: list[_Replayed] = []
         for c in plan.chunks:
-            req = live[c.index]
+            req = batch[c.index]
             req.pos = c.start + c.tokens
-            if not c.decode and req.pos == req.prompt_len and req is not own and req.joins_for is not None:
-                joined.append(_Replayed(req.pos, req.pos, 0, 1, None, True, req.steps_left))
-        decoders = [d for d in decoders if d.steps_left is None or d.steps_left > 1]
-        for d in decoders:
-            d.steps_left = None if d.steps_left is None else d.steps_left - 1
-        decoders += joined
-        prefilling = [r for r in prefilling if r.pos < r.prompt_len]
+            if c.decode:
+                req.steps_left = None if req.steps_left is None else req.steps_left - 1
+            elif req.pos == req.prompt_len and req is not own:  # its prefill ended: it decodes next
+                req.decode_ready = req.decodes_after
+        batch = [r for r in batch if r is own or r.pos < r.prompt_len
+                 or (r.decode_ready and (r.steps_left is None or r.steps_left > 0))]
     return shapes
 
 
