@@ -174,7 +174,7 @@ class PlanBands:
         else:
             end = until_t if until_t is not None else time.perf_counter()
             steps = [r for r in steps if since_t <= r.t_end <= end]
-        got = machine_speed(fit, [(r.segments, r.logit_rows, r.ms) for r in steps])
+        got = machine_speed(fit, steps)
         return got[0] if got is not None else None
 
     def behind(self, profile: Profile) -> Callable[[Sequence[Entry]], PrefillBand] | None:

@@ -46,7 +46,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from foundation.errors import InvalidInput
-from generation.engine.messages import Decoding, Prefilling
+from generation.engine.messages import Decoding, Prefilling, StepRecord
 from generation.engine.scheduler import MIN_ROWS, ROW_MULTIPLE, StepPlan, padded_rows, schedule
 from latency_model.fitting import coverage, leave_one_group_out, mape, relative_residuals, residual_quantiles
 from latency_model.predictors import weighted_nnls
@@ -221,12 +221,12 @@ def fit_steps(shapes: Sequence[StepShape], step_ms: ArrayLike, point_ids: ArrayL
 MIN_SPEED_STEPS = 8
 
 
-def machine_speed(fit: StepFit, steps: Sequence[tuple[Sequence[tuple[int, int]], int, float]]
-                  ) -> tuple[float, int] | None:
+def machine_speed(fit: StepFit, steps: Sequence[StepRecord]) -> tuple[float, int] | None:
     """How fast the machine runs engine steps now against the step model: ``(speed, steps)``.
 
-    ``steps``: timed steps as ``(segments, logit rows, ms)`` (``segments`` as in
-    :class:`StepShape`). ``speed`` is the median over them of measured / predicted point
+    ``steps``: timed steps, the engine's step log
+    (:class:`generation.engine.messages.StepRecord`: segments as in :class:`StepShape`,
+    logit rows, ms). ``speed`` is the median over them of measured / predicted point
     time, each step weighted by its predicted time (1.0: as at calibration; 1.4: steps take
     40 % longer), ``steps`` how many were read. Every decode step of every running answer
     is a measurement, so this follows a busier or quieter machine within seconds, where
@@ -243,8 +243,8 @@ def machine_speed(fit: StepFit, steps: Sequence[tuple[Sequence[tuple[int, int]],
     """
     shapes: list[StepShape] = []
     measured: list[float] = []
-    for segments, logit_rows, ms in steps:
-        segs = tuple((int(n), int(p)) for n, p in segments)
+    for step in steps:
+        segs, logit_rows, ms = tuple((int(n), int(p)) for n, p in step.segments), step.logit_rows, step.ms
         if not segs or not math.isfinite(ms) or ms <= 0 or any(n < 1 or p < 0 for n, p in segs):
             continue
         shapes.append(StepShape(segs, int(logit_rows)))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from foundation.errors import InvalidInput
-from generation.engine.messages import Decoding, Prefilling
+from generation.engine.messages import Decoding, Prefilling, StepRecord
 from latency_model.calibration import StepTimer, calibrate
 from latency_model.grid import quick_grid, step_design
 from latency_model.profile import Profile
@@ -191,9 +191,10 @@ def test_machine_speed_is_the_median_step_ratio() -> None:
     fit = StepFit(coefficients={"a": 5.0, "b": 0.5, "s": 1.0, "g": 0.0, "e": 0.01, "h": 0.2},
                   quantiles={}, in_sample_mape=0.0, loo_point_mape=0.0)
     shapes = [((1, 100 + i), (1, 400), (64, 83)) for i in range(20)]
-    steps = [(segs, 2, float(fit.predict_point_ms([StepShape(segs, 2)])[0]) * 1.4) for segs in shapes]
-    steps[3] = (steps[3][0], 2, 1e6)  # one stalled step does not move the median
-    steps.append(((), 0, 10.0))  # malformed: skipped
+    steps = [StepRecord(float(i), segs, 2, float(fit.predict_point_ms([StepShape(segs, 2)])[0]) * 1.4)
+             for i, segs in enumerate(shapes)]
+    steps[3] = StepRecord(3.0, steps[3].segments, 2, 1e6)  # one stalled step does not move the median
+    steps.append(StepRecord(99.0, (), 0, 10.0))  # malformed: skipped
     got = machine_speed(fit, steps)
     assert got is not None and got[0] == pytest.approx(1.4) and got[1] == 20
     assert machine_speed(fit, steps[:MIN_SPEED_STEPS - 1]) is None
@@ -209,8 +210,8 @@ def test_machine_speed_weights_each_step_by_its_predicted_time() -> None:
     decode = [((1, 300 + i),) for i in range(12)]  # 12 one-token steps, ~5.7 ms predicted
     chunks = [((256, 256 * i),) for i in range(4)]  # 4 chunk steps, ~130 ms predicted each
 
-    def timed(segs: tuple[tuple[int, int], ...], rows: int, slow: float) -> tuple[object, int, float]:
-        return segs, rows, float(fit.predict_point_ms([StepShape(segs, rows)])[0]) * slow
+    def timed(segs: tuple[tuple[int, int], ...], rows: int, slow: float) -> StepRecord:
+        return StepRecord(0.0, segs, rows, float(fit.predict_point_ms([StepShape(segs, rows)])[0]) * slow)
 
     steps = [timed(s, 1, 1.8) for s in decode] + [timed(s, 1, 2.2) for s in chunks]
     got = machine_speed(fit, steps)
