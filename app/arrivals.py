@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
+from generation.engine.messages import Prefilling
 from latency_model.planner import Plan, PrefillBand
 
 if TYPE_CHECKING:
@@ -110,14 +111,14 @@ class Arrivals:
             """The counted arrivals that miss with this answer at ``k``."""
             assert price is not None
             row = rows[k]
-            extra: list[Entry] = [(row.computed_tokens, row.cached_tokens, p.max_new_tokens, None)]
+            extra: list[Entry] = [Prefilling(row.computed_tokens, row.cached_tokens, p.max_new_tokens)]
             missed = []
             for r in counted:
                 p95 = float(price(extra).predict_ttft_many([own0.prompt_tokens], [own0.cached_tokens],
                                                            [scaffold])[1][0])
                 if max((now_t - r.arrival_t) * 1000.0, spent_ms) + p95 > r.budget_ms:
                     missed.append(r)
-                extra.append((own0.computed_tokens, own0.cached_tokens, r.max_new_tokens, None))
+                extra.append(Prefilling(own0.computed_tokens, own0.cached_tokens, r.max_new_tokens))
             return missed
 
         counted = list(others)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.answer_types import PlanBatch
+from generation.engine.messages import BatchSnapshot, Decoding, Prefilling
 from latency_model.correction import ALONE, BATCHED, CorrectedProfile, CorrectionRegistry, CorrectionState
 from latency_model.planner import PrefillBand
 from latency_model.profile import Profile
@@ -58,15 +59,15 @@ SPEED_STEPS = 32
 SPEED_HORIZON_S = 10.0
 
 
-#: A prefill as the batch model takes it: (tokens to prefill, first position, max new tokens,
-#: engine prefill order or None).
-Entry = tuple[int, int, int, int | None]
+#: A prefill as the batch model takes it (the engine's snapshot entry): tokens to prefill,
+#: first position, max new tokens, engine prefill order or None.
+Entry = Prefilling
 
 
-def _prefill_order(entry: Any) -> float:
-    """Sort key of a prefill ahead: its reserved order (4th item); an entry without one (a
-    snapshot of an engine that reports none) keeps its place before those with one."""
-    return float(entry[3]) if len(entry) > 3 and entry[3] is not None else -1.0
+def _prefill_order(entry: Prefilling) -> float:
+    """Sort key of a prefill ahead: its reserved order; an entry without one (a snapshot of
+    an engine that reports none) keeps its place before those with one."""
+    return float(entry.order) if entry.order is not None else -1.0
 
 
 def group_of(band: Any) -> str:
@@ -91,8 +92,9 @@ def batch_of(band: Any) -> PlanBatch | None:
         band = band.profile
     if not isinstance(band, BatchedBand):
         return None
-    return PlanBatch(decoding=[(c, left if left is not None else -1) for c, left in band.decode_contexts],
-                     prefilling=list(band.prefills_ahead))
+    return PlanBatch(decoding=[(d.context_tokens, d.steps_left if d.steps_left is not None else -1)
+                               for d in band.decode_contexts],
+                     prefilling=[(e.tokens_left, e.position, e.max_new) for e in band.prefills_ahead])
 
 
 class PlanBands:
@@ -116,7 +118,7 @@ class PlanBands:
         # Binding and registering happen under ``admit_lock``, so two answers granted at
         # once never both plan against a batch that holds neither.
         self.admit_lock = threading.Lock()
-        self._unsubmitted: dict[int, tuple[int, int, int, int | None]] = {}
+        self._unsubmitted: dict[int, Prefilling] = {}
         self._unsubmitted_lock = threading.Lock()
         self._unsubmitted_keys = itertools.count()
 
@@ -176,7 +178,7 @@ class PlanBands:
         else:
             end = until_t if until_t is not None else time.perf_counter()
             steps = [r for r in steps if since_t <= r.t_end <= end]
-        got = machine_speed(fit, [(r.segments, r.logit_rows, r.ms) for r in steps])
+        got = machine_speed(fit, steps)
         return got[0] if got is not None else None
 
     def behind(self, profile: Profile) -> Callable[[Sequence[Entry]], PrefillBand] | None:
@@ -205,7 +207,8 @@ class PlanBands:
 
         return price
 
-    def _batch_now(self, profile: Profile) -> tuple[Any, int, list[Any], list[Any], int | None] | None:
+    def _batch_now(self, profile: Profile
+                   ) -> tuple[Any, int, list[Decoding], list[Prefilling], int | None] | None:
         """``(step fit, prefill chunk, decoders, prefills in the engine's order, step token
         budget)`` as the engine and the answers granted stand now; None without a step model
         or a batching engine."""
@@ -215,17 +218,19 @@ class PlanBands:
         fit = getattr(profile, "step_fit", None)
         if fit is None or engine is None or not hasattr(engine, "batch_snapshot") or not chunk:
             return None
-        decoding, shown = engine.batch_snapshot()
+        snapshot: BatchSnapshot = engine.batch_snapshot()
+        shown = snapshot.prefilling
         with self._unsubmitted_lock:
             pending = list(self._unsubmitted.values())
         # In the engine's prefill order: an answer granted earlier but not in the engine yet
         # goes before answers granted after it that are (the engine packs by reserved order).
         # An entry the engine already shows is not counted twice (same order number).
-        known = {e[3] for e in shown if len(e) > 3}
-        prefilling = sorted([*shown, *(e for e in pending if e[3] is None or e[3] not in known)],
+        known = {e.order for e in shown}
+        prefilling = sorted([*shown, *(e for e in pending if e.order is None or e.order not in known)],
                             key=_prefill_order)
         budget = getattr(engine, "step_token_budget", None)
-        return fit, int(chunk), list(decoding), prefilling, int(budget) if isinstance(budget, int) else None
+        return (fit, int(chunk), list(snapshot.decoding), prefilling,
+                int(budget) if isinstance(budget, int) else None)
 
     def batched(self, band: PrefillBand, profile: Profile) -> PrefillBand:
         """``band`` under the running batch's added step time, when there is one to model."""
@@ -254,8 +259,8 @@ class PlanBands:
         engine: Any = getattr(self._generator(), "engine", None)
         order = int(engine.reserve_order()) if hasattr(engine, "reserve_order") else None
         with self._unsubmitted_lock:
-            self._unsubmitted[key] = (max(len(p.prompt.ids) - cached, 0), cached,
-                                      int(p.max_new_tokens), order)
+            self._unsubmitted[key] = Prefilling(max(len(p.prompt.ids) - cached, 0), cached,
+                                                int(p.max_new_tokens), order)
         return key
 
     def order_of(self, key: int | None) -> int | None:
@@ -264,7 +269,7 @@ class PlanBands:
         (:data:`generation.base.PREFILL_ORDER`), so the engine packs it where its plan put it."""
         with self._unsubmitted_lock:
             entry = self._unsubmitted.get(key) if key is not None else None
-        return entry[3] if entry is not None else None
+        return entry.order if entry is not None else None
 
     def submitted(self, key: int | None) -> None:
         """Stop counting the answer ``key`` (from :meth:`expect_prefill`) as not yet submitted."""

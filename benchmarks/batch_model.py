@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from generation.engine.messages import Decoding, Prefilling
 from latency_model.profile import Profile
 from latency_model.step_model import predict_batched_ttft_ms
 
@@ -61,8 +62,8 @@ def extra_ms(profile: Profile, row: dict[str, Any], model: str, step_budget: int
     chunk = int(profile.prefill_chunk_tokens or 256)
     prompt, cached = int(row["prompt_tokens"]), int(row.get("cached_tokens") or 0)
     exits = model != "before"
-    decoding = [(c, left) if exits else c for c, left in row["batch"]["decoding"]]
-    ahead = [(t, pos, m) if exits else (t, pos) for t, pos, m in row["batch"]["prefilling"]]
+    decoding = [Decoding(c, left if exits else None) for c, left in row["batch"]["decoding"]]
+    ahead = [Prefilling(t, pos, m if exits else None) for t, pos, m in row["batch"]["prefilling"]]
     kw: dict[str, Any] = dict(prompt_tokens=prompt, cached_tokens=cached, prefix_tokens=cached,
                               chunk_tokens=chunk,
                               step_token_budget=step_budget if model == "replay" else None)

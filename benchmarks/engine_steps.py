@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             eng, ref = [], []
             for _ in range(5 * a.repeats):
                 t0 = time.perf_counter()
-                gen.engine._step([seq])
+                gen.engine.step([seq])
                 eng.append(_since(t0))
                 t0 = time.perf_counter()
                 hf(input_ids=tok, past_key_values=cache, use_cache=True)

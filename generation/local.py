@@ -1,12 +1,16 @@
 """The local backend: a Hugging Face transformers causal LM behind a continuous-batching engine.
 
-Answers run through :mod:`generation.scheduler` (not ``model.generate``): one
+Answers run through the engine, :mod:`generation.engine` (not ``model.generate``): one
 forward per engine step over the decode tokens of every running answer plus
 prefill chunks of new ones, each answer with its own KV buffer, so several
 answers share the model at once; the scaffold's KV comes from the prefix cache,
 cancellation is checked between tokens, and every token carries its own
 ``time.perf_counter()`` stamp. An answer's tokens do not depend on what else
-runs with it (the scheduler's docstring and docs/receipts.md say how and where).
+runs with it (:mod:`generation.engine.core` and docs/receipts.md say how and where). The
+calibration timers time steps through the engine's public API: the scheduler's
+:func:`~generation.engine.scheduler.schedule` and the runner's
+:meth:`~generation.engine.runner.ModelRunner.run`, or a whole answer alone
+(:meth:`~generation.engine.core.Engine.run_alone`).
 """
 
 from __future__ import annotations
@@ -31,10 +35,13 @@ from generation.base import (
     IncrementalDetokenizer,
     TokenEvent,
 )
-from generation.packed_attention import ATTN_NAME, SeqKV, register_packed_attention
-from generation.prefix_cache import PrefixKVCache
+from generation.engine.core import Engine
+from generation.engine.kv_cache import PrefixKVCache, SeqKV
+from generation.engine.messages import Admitted, Finished, StepRecord
+from generation.engine.request import Request
+from generation.engine.scheduler import MIN_ROWS, ROW_MULTIPLE, schedule
+from generation.packed_attention import ATTN_NAME, register_packed_attention
 from generation.sampling import select_token
-from generation.scheduler import MIN_ROWS, ROW_MULTIPLE, Engine, Sequence, StepRecord
 from retrieval.tokens import HFTextTokenizer, TextTokenizer
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -238,7 +245,7 @@ class LocalGenerator:
         request, as an answer does), ``(n, P)`` a hit. A cached prefix is computed first,
         untimed, and kept out of the LRU. CUDA work is synchronised before and after the
         timed section. ``steps``, when given, receives the timed run's engine steps
-        (:class:`generation.scheduler.StepRecord`, oldest first): what a cache miss computes
+        (:class:`generation.engine.messages.StepRecord`, oldest first): what a cache miss computes
         that a hit does not can then be read step by step.
 
         Raises:
@@ -288,7 +295,7 @@ class LocalGenerator:
                 raise InvalidInput(f"decode context {context_tokens}: the answer ended at its first token")
             self._sync()
             t0 = time.perf_counter()
-            self.engine._step([seq])
+            self._run_step([seq])
             self._sync()
             return (time.perf_counter() - t0) * 1000.0
 
@@ -323,9 +330,9 @@ class LocalGenerator:
         head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
         dtype = next(self.model.parameters()).dtype
         tok = self._synthetic_ids(1)[0]
-        seqs: list[Sequence] = []
+        seqs: list[Request] = []
 
-        def stand_in(prompt_len: int, pos: int, chunk: int) -> Sequence:
+        def stand_in(prompt_len: int, pos: int, chunk: int) -> Request:
             seq = self._sequence(self._synthetic_ids(prompt_len), 0, GenParams(max_new_tokens=2),
                                  chunk=chunk, eos=frozenset())
             seq.kv = SeqKV(prompt_len + 3)
@@ -340,12 +347,10 @@ class LocalGenerator:
         if prefill_tokens:
             end = prefill_pos + prefill_tokens
             seqs.append(stand_in(end + (0 if prefill_needs_logits else 1), prefill_pos, prefill_tokens))
-        engine = Engine(self.model, self.device, self._lock, lambda ids: None, lambda *a: None,
-                        max(1, len(seqs)), 1 << 30, self.fixed_rows, threads=self.threads)
         with self._lock:
             self._sync()
             t0 = time.perf_counter()
-            engine._step(seqs)
+            self._run_step(seqs)
             self._sync()
             return (time.perf_counter() - t0) * 1000.0
 
@@ -371,16 +376,27 @@ class LocalGenerator:
     # --- one answer through the engine ----------------------------------------------
     def _sequence(self, prompt_ids: list[int], prefix_len: int, params: GenParams,
                   cancel: threading.Event | None = None, chunk: int | None = None,
-                  eos: frozenset[int] | None = None) -> Sequence:
+                  eos: frozenset[int] | None = None) -> Request:
         rng = self._rng(params)
         max_new = max(1, min(params.max_new_tokens, self.context_window - len(prompt_ids)))
-        return Sequence(prompt=prompt_ids, prefix_len=prefix_len, max_new=max_new,
+        return Request(prompt=prompt_ids, prefix_len=prefix_len, max_new=max_new,
                         chunk=chunk or self.prefill_chunk,
                         select=lambda logits: select_token(logits, params, rng),
                         eos=frozenset(self.eos_token_ids) if eos is None else eos, cancel=cancel,
                         min_new=min(params.min_tokens, max_new), ignore_eos=params.ignore_eos)
 
-    def _run_detached(self, seq: Sequence, store: dict[str, Any]) -> Engine:
+    def _run_step(self, seqs: list[Request]) -> None:
+        """One step of ``seqs`` (at most one of them prefilling) as the engine runs it, through
+        the public API of its rooms: the scheduler's plan, the runner's forward, each answer's
+        sampler on its logits row; the answers are not moved on. What the step timers time."""
+        plan = schedule(seqs, None)
+        logits = self.engine.runner.run(plan, seqs)  # (plan.logit_rows, vocab)
+        rows = [c for c in plan.chunks if c.needs_logits]
+        for row, c in enumerate(rows):
+            if c.decode or c.start + c.tokens == seqs[c.index].prompt_len:  # a token is chosen
+                seqs[c.index].select(logits[row])
+
+    def _run_detached(self, seq: Request, store: dict[str, Any]) -> Engine:
         """Run ``seq`` alone to its first token with a private prefix store (calibration);
         returns the private engine it ran on (its step log holds the run's steps)."""
         engine = Engine(self.model, self.device, self._lock,
@@ -419,14 +435,14 @@ class LocalGenerator:
                         stats.finish_reason = "cancelled"
                         return
                     continue
-                if msg[0] == "meta":
-                    stats.start_t = msg[1]["start_t"]
-                    stats.cached_tokens = msg[1]["cached_tokens"]
+                if isinstance(msg, Admitted):
+                    stats.start_t = msg.start_t
+                    stats.cached_tokens = msg.cached_tokens
                     stats.computed_tokens = len(prompt_ids) - stats.cached_tokens
                     continue
-                if msg[0] == "end":
+                if isinstance(msg, Finished):
                     ended = True
-                    _, reason, exc = msg
+                    reason, exc = msg.reason, msg.error
                     if exc is not None:
                         stats.finish_reason = "error"
                         if isinstance(exc, RagBudgetError):
@@ -438,7 +454,7 @@ class LocalGenerator:
                     if reason == "stop" and stats.first_token_t is None and stats.start_t is not None:
                         stats.prefill_ms = (time.perf_counter() - stats.start_t) * 1000.0
                     return
-                _, tok, t = msg
+                tok, t = msg.token_id, msg.t
                 if stats.first_token_t is None:
                     stats.first_token_t = t
                     stats.prefill_ms = (t - (stats.start_t or t)) * 1000.0
@@ -464,7 +480,7 @@ class LocalGenerator:
                 deadline = time.perf_counter() + 60.0
                 while time.perf_counter() < deadline:
                     try:
-                        if seq.out.get(timeout=0.05)[0] == "end":
+                        if isinstance(seq.out.get(timeout=0.05), Finished):
                             break
                     except queue.Empty:
                         continue

@@ -1,10 +1,11 @@
 """Packed attention: one engine step's rows, each answer's rows over that answer's own KV.
 
-The engine (:mod:`generation.scheduler`) packs the rows of several answers into one
+The engine (:mod:`generation.engine`) packs the rows of several answers into one
 forward. Linear layers work row by row; attention must not mix answers. So the model's
 attention modules call :func:`packed_attention` (registered with
 ``transformers.AttentionInterface`` under :data:`ATTN_NAME`), which splits the step's rows
-into :class:`Segment` s, writes each segment's new K/V into its answer's :class:`SeqKV`
+into :class:`Segment` s, writes each segment's new K/V into its answer's
+:class:`generation.engine.kv_cache.SeqKV`
 at its positions, and attends each segment's queries over that answer's buffer only, with
 shapes that depend on the answer alone (its chunk length and position): an answer's bits do
 not depend on its batch mates (docs/receipts.md, batch invariance). Any decoder whose
@@ -17,57 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from generation.engine.kv_cache import SeqKV
+
 ATTN_NAME = "ragbudget_packed"
-
-
-class SeqKV:
-    """One answer's KV: per layer a ``(capacity, kv_heads, head_dim)`` buffer for K and V.
-
-    Laid out token-major so a prefix view ``buf[:L]`` has strides independent of the capacity.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.k: dict[int, Any] = {}
-        self.v: dict[int, Any] = {}
-
-    def buffers(self, layer: int, like: Any) -> tuple[Any, Any]:
-        """The layer's (K, V) buffers, allocated on first use like ``like`` (``(1, H, T, D)``)."""
-        kb = self.k.get(layer)
-        if kb is None:
-            import torch
-
-            shape = (self.capacity, int(like.shape[1]), int(like.shape[3]))  # (T_max, kv_heads, head_dim)
-            kb = torch.zeros(shape, dtype=like.dtype, device=like.device)
-            self.k[layer] = kb
-            self.v[layer] = torch.zeros(shape, dtype=like.dtype, device=like.device)
-        return kb, self.v[layer]
-
-    def allocate(self, layers: int, kv_heads: int, head_dim: int, dtype: Any, device: Any) -> None:
-        """Allocate every layer's (zeroed) buffers now, ``(capacity, kv_heads, head_dim)`` each, so
-        a timed step does not pay for them (step calibration runs on such stand-in caches)."""
-        import torch
-
-        for layer in range(layers):
-            self.k[layer] = torch.zeros((self.capacity, kv_heads, head_dim), dtype=dtype, device=device)
-            self.v[layer] = torch.zeros_like(self.k[layer])
-
-    def load_prefix(self, prefix: dict[int, tuple[Any, Any]]) -> None:
-        """Copy a stored prefix (layer -> (K, V) of shape ``(P, H, D)``) into the buffers."""
-        import torch
-
-        for layer, (k, v) in prefix.items():
-            # (T_max, kv_heads, head_dim)
-            kb = torch.zeros((self.capacity, *k.shape[1:]), dtype=k.dtype, device=k.device)
-            vb = torch.zeros_like(kb)
-            kb[: k.shape[0]].copy_(k)  # (P, kv_heads, head_dim)
-            vb[: v.shape[0]].copy_(v)
-            self.k[layer], self.v[layer] = kb, vb
-
-    def export_prefix(self, length: int) -> dict[int, tuple[Any, Any]]:
-        """Private copies of the first ``length`` tokens of every layer (for the prefix cache)."""
-        return {layer: (self.k[layer][:length].clone(), self.v[layer][:length].clone())
-                for layer in self.k}
 
 
 @dataclass

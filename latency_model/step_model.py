@@ -1,9 +1,9 @@
 """The mixed-step cost model: one engine step's time from what the step carries.
 
-The continuous-batching engine (``generation.scheduler``) runs one forward per
+The continuous-batching engine (``generation.engine``) runs one forward per
 step over a packed row of tokens: one decode token per running answer plus
-prefill chunks, padded to ``R`` rows (``padded_rows``: at least 16, multiples of
-8, on CPU). A step that carries ``S`` segments (answers), segment ``i`` with
+prefill chunks, padded to ``R`` rows (``generation.engine.scheduler.padded_rows``:
+at least 16, multiples of 8, on CPU). A step that carries ``S`` segments (answers), segment ``i`` with
 ``n_i`` new tokens at positions ``[p_i, p_i + n_i)``, costs
 
     step_ms = a + b*R + s*S + g*A + e*K + h*H            (all coefficients >= 0)
@@ -29,13 +29,15 @@ never fitted, and stored in the profile (``Profile.step_model``).
 
 :func:`predict_batched_ttft_ms` uses it to predict a new answer's TTFT given the
 running batch: the answer's prefill chunks ride along with the running answers'
-decode tokens, step by step.
+decode tokens, step by step: :func:`batched_step_shapes` replays the engine's own scheduler
+(:func:`generation.engine.scheduler.schedule`) over the batch the engine shows
+(:class:`generation.engine.messages.BatchSnapshot`), so the steps priced are the steps the
+engine plans; the row padding is the scheduler's too (one definition).
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -44,16 +46,17 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from foundation.errors import InvalidInput
+from generation.engine.messages import Decoding, Prefilling, StepRecord
+from generation.engine.scheduler import MIN_ROWS, ROW_MULTIPLE, StepPlan, padded_rows, schedule
 from latency_model.fitting import coverage, leave_one_group_out, mape, relative_residuals, residual_quantiles
 from latency_model.predictors import weighted_nnls
 
 STEP_FORM = "mixed_step"
 STEP_COEFFICIENTS = ("a", "b", "s", "g", "e", "h")
 STEP_FORMULA = "a + b*R + s*S + g*A + e*K + h*H"
-# The engine's row padding on CPU (generation.scheduler.MIN_ROWS / ROW_MULTIPLE), repeated here
-# because latency_model imports nothing from generation (docs/architecture.md); a profile records its own.
-DEFAULT_MIN_ROWS = 16
-DEFAULT_ROW_MULTIPLE = 8
+# The engine's row padding on CPU (the scheduler's); a profile records the padding it was fitted with.
+DEFAULT_MIN_ROWS = MIN_ROWS
+DEFAULT_ROW_MULTIPLE = ROW_MULTIPLE
 
 
 @dataclass(frozen=True)
@@ -82,12 +85,18 @@ class StepShape:
             raise InvalidInput("a step carries at least one token")
         return cls(tuple(segs), len(decode_contexts) + int(bool(prefill_tokens) and prefill_needs_logits))
 
+    @classmethod
+    def of_plan(cls, plan: StepPlan) -> StepShape:
+        """The shape of a step the engine's scheduler planned (its segments and logit rows)."""
+        return cls(plan.segments, plan.logit_rows)
+
 
 def padded(n: int, min_rows: int = DEFAULT_MIN_ROWS, multiple: int = DEFAULT_ROW_MULTIPLE) -> int:
-    """Rows a step of ``n`` real rows runs with on CPU (``generation.scheduler.padded_rows``); 0 -> 0."""
+    """Rows a step of ``n`` real rows runs with on CPU (the engine's own rule,
+    :func:`generation.engine.scheduler.padded_rows`); 0 -> 0 (an LM head that does not run)."""
     if n <= 0:
         return 0
-    return max(min_rows, -(-n // multiple) * multiple)
+    return padded_rows(n, None, min_rows, multiple)
 
 
 def step_features(shapes: Sequence[StepShape], min_rows: int = DEFAULT_MIN_ROWS,
@@ -212,12 +221,12 @@ def fit_steps(shapes: Sequence[StepShape], step_ms: ArrayLike, point_ids: ArrayL
 MIN_SPEED_STEPS = 8
 
 
-def machine_speed(fit: StepFit, steps: Sequence[tuple[Sequence[tuple[int, int]], int, float]]
-                  ) -> tuple[float, int] | None:
+def machine_speed(fit: StepFit, steps: Sequence[StepRecord]) -> tuple[float, int] | None:
     """How fast the machine runs engine steps now against the step model: ``(speed, steps)``.
 
-    ``steps``: timed steps as ``(segments, logit rows, ms)`` (``segments`` as in
-    :class:`StepShape`). ``speed`` is the median over them of measured / predicted point
+    ``steps``: timed steps, the engine's step log
+    (:class:`generation.engine.messages.StepRecord`: segments as in :class:`StepShape`,
+    logit rows, ms). ``speed`` is the median over them of measured / predicted point
     time, each step weighted by its predicted time (1.0: as at calibration; 1.4: steps take
     40 % longer), ``steps`` how many were read. Every decode step of every running answer
     is a measurement, so this follows a busier or quieter machine within seconds, where
@@ -234,8 +243,8 @@ def machine_speed(fit: StepFit, steps: Sequence[tuple[Sequence[tuple[int, int]],
     """
     shapes: list[StepShape] = []
     measured: list[float] = []
-    for segments, logit_rows, ms in steps:
-        segs = tuple((int(n), int(p)) for n, p in segments)
+    for step in steps:
+        segs, logit_rows, ms = tuple((int(n), int(p)) for n, p in step.segments), step.logit_rows, step.ms
         if not segs or not math.isfinite(ms) or ms <= 0 or any(n < 1 or p < 0 for n, p in segs):
             continue
         shapes.append(StepShape(segs, int(logit_rows)))
@@ -274,94 +283,85 @@ def prefill_schedule(prompt_tokens: int, cached_tokens: int, prefix_tokens: int,
     return out
 
 
-def _decoder(entry: Any) -> tuple[int, int | None]:
-    """``(context, decode steps left or None: unbounded)`` of one running decoder."""
-    if isinstance(entry, (int, np.integer)):
-        return int(entry), None
-    ctx, left = entry
-    return int(ctx), None if left is None else int(left)
+@dataclass
+class _Replayed:
+    """One answer as the replay holds it: what the engine's scheduler reads of a request
+    (:class:`generation.engine.scheduler.Schedulable`), plus the decode steps it has left
+    (None: unbounded) and, for an answer ahead, whether it decodes once its prefill ends
+    (``decodes_after``; False: it ends with its first token)."""
 
-
-def _ahead(entry: Any) -> tuple[int, int, int | None]:
-    """``(prompt tokens left, next position, max new tokens or None)`` of one prefill ahead
-    (given as 2 items, or 3 or more: anything after max new tokens, such as the engine's
-    prefill order, is not needed here: the entries come in that order)."""
-    if len(entry) == 2:
-        return int(entry[0]), int(entry[1]), None
-    left, pos, max_new = entry[:3]
-    return int(left), int(pos), None if max_new is None else int(max_new)
+    pos: int
+    prompt_len: int
+    prefix_len: int
+    chunk: int
+    order: int | None
+    decode_ready: bool = False
+    steps_left: int | None = None
+    decodes_after: bool = False
 
 
 def batched_step_shapes(*, prompt_tokens: int, cached_tokens: int, prefix_tokens: int,
-                        chunk_tokens: int, decode_contexts: Sequence[Any],
-                        prefills_ahead: Sequence[Any] = (),
+                        chunk_tokens: int, decode_contexts: Sequence[Decoding],
+                        prefills_ahead: Sequence[Prefilling] = (),
                         step_token_budget: int | None = None) -> list[StepShape]:
     """The steps a new answer joining a running batch runs until its first token, in order
     (:func:`predict_batched_ttft_ms` prices them).
 
-    Replays the engine's packing (``generation.scheduler.Engine._plan``) step by step: every
-    running decoder's next token first, then one prefill chunk per answer still prefilling,
-    in the engine's prefill order (the order answers were planned in), while the step's tokens
-    stay within ``step_token_budget`` (the first chunk always fits; the first that does not
-    fit ends the step's prefill, so no later answer overtakes); ``None``: one chunk a step
-    (an unbounded chunk never shares). The answers still
-    prefilling ahead of this one (``prefills_ahead``: ``(tokens left, next position)`` or
-    ``(tokens left, next position, max new tokens)`` each) come before it, its own chunks
+    Replays the engine's own scheduler (:func:`generation.engine.scheduler.schedule`) step by
+    step over the batch: every running decoder's next token first, then one prefill chunk per
+    answer still prefilling, in prefill order (the order answers were planned in), while the
+    step's tokens stay within ``step_token_budget`` (the first chunk always fits; the first
+    that does not fit ends the step's prefill, so no later answer overtakes); ``None``: one
+    chunk a step (an unbounded chunk never shares). The answers still prefilling ahead of this
+    one (``prefills_ahead``, in prefill order) come before it, its own chunks
     (:func:`prefill_schedule`) last; so the short tail of a long prompt ahead and a few short
     prompts share one step, as they do in the engine. Each running decoder
-    (``decode_contexts``: a context length, or ``(context length, decode steps left)``)
-    grows by one a step and leaves the batch when its steps left run out (it reaches
-    ``max_new_tokens``; one that stops at an end-of-text token leaves earlier, so this is an
-    upper bound on what it costs); an answer ahead joins the decoders when its prefill ends,
-    for ``max new tokens - 1`` steps (its first token comes from the prefill). The
-    steps end with the one that carries this answer's last chunk.
+    (``decode_contexts``) grows by one a step and leaves the batch when its steps left run out
+    (it reaches ``max_new_tokens``; one that stops at an end-of-text token leaves earlier, so
+    this is an upper bound on what it costs; ``steps_left`` None: never leaves); an answer
+    ahead joins the decoders when its prefill ends, for ``max_new - 1`` steps (its first token
+    comes from the prefill; ``max_new`` None: for good). The steps end with the one that
+    carries this answer's last chunk.
 
     Raises:
         InvalidInput: bad token counts.
     """
-    running = [_decoder(x) for x in decode_contexts]  # (context, steps left or None)
-    # Each answer prefilling: its chunks still to run, (tokens, start, needs logits), and
-    # (context, decode steps) it joins the decoders with when they are done (None: never).
-    queue: list[tuple[deque[tuple[int, int, bool]], tuple[int, int | None] | None]] = []
-    for left_tokens, pos, max_new in (_ahead(x) for x in prefills_ahead):
-        end = pos + left_tokens
-        chunks = deque((n, start, start + n == end)
-                       for n, start in prefill_schedule(end, pos, pos, chunk_tokens))
-        steps = None if max_new is None else max_new - 1  # its first token comes from the prefill
-        joins = None if steps is not None and steps < 1 else (end, steps)
-        queue.append((chunks, joins))
-    own: deque[tuple[int, int, bool]] = deque(
-        (n, start, start + n in (prompt_tokens, prefix_tokens))
-        for n, start in prefill_schedule(prompt_tokens, cached_tokens, prefix_tokens, chunk_tokens))
-    queue.append((own, None))
-    budget = step_token_budget if step_token_budget is not None else 0
+    prefill_schedule(prompt_tokens, cached_tokens, prefix_tokens, chunk_tokens)  # checks the counts
+    # The batch in the engine's batch order: the decoders, the answers ahead (prefill order),
+    # this answer; an answer ahead decodes in its own place once its prefill ends.
+    batch = [_Replayed(int(d.context_tokens), int(d.context_tokens), 0, 1, None, True,
+                       None if d.steps_left is None else int(d.steps_left))
+             for d in decode_contexts]
+    for order, e in enumerate(prefills_ahead):
+        pos, end = int(e.position), int(e.position) + int(e.tokens_left)
+        if pos < 0 or end < pos:
+            raise InvalidInput("bad prefill ahead: negative position or tokens left")
+        steps = None if e.max_new is None else int(e.max_new) - 1  # its first token: the prefill's
+        # An answer ahead is chunked from its next position on (its scaffold boundary is not
+        # in the snapshot), as the engine chunks a prompt past its scaffold.
+        batch.append(_Replayed(pos, end, 0, chunk_tokens, order, steps_left=steps,
+                               decodes_after=steps is None or steps >= 1))
+    own = _Replayed(cached_tokens, prompt_tokens, prefix_tokens, chunk_tokens, len(prefills_ahead))
+    batch.append(own)
     shapes: list[StepShape] = []
-    while own:
-        segs = [(1, c) for c, _ in running]
-        logits, used, took = len(running), len(running), False
-        joined: list[tuple[int, int | None]] = []
-        for chunks, joins in queue:
-            if not chunks:
-                continue
-            n, start, needs = chunks[0]
-            if took and (step_token_budget is None or used + n > budget):
-                break
-            chunks.popleft()
-            segs.append((n, start))
-            logits += int(needs)
-            used += n
-            took = True
-            if not chunks and joins is not None:
-                joined.append(joins)
-        shapes.append(StepShape(tuple(segs), logits))
-        running = [(c + 1, None if left is None else left - 1) for c, left in running
-                   if left is None or left > 1] + joined
+    while own.pos < own.prompt_len:
+        plan = schedule(batch, step_token_budget)
+        shapes.append(StepShape.of_plan(plan))
+        for c in plan.chunks:
+            req = batch[c.index]
+            req.pos = c.start + c.tokens
+            if c.decode:
+                req.steps_left = None if req.steps_left is None else req.steps_left - 1
+            elif req.pos == req.prompt_len and req is not own:  # its prefill ended: it decodes next
+                req.decode_ready = req.decodes_after
+        batch = [r for r in batch if r is own or r.pos < r.prompt_len
+                 or (r.decode_ready and (r.steps_left is None or r.steps_left > 0))]
     return shapes
 
 
 def predict_batched_ttft_ms(fit: StepFit, *, prompt_tokens: int, cached_tokens: int, prefix_tokens: int,
-                            chunk_tokens: int, decode_contexts: Sequence[Any],
-                            prefills_ahead: Sequence[Any] = (),
+                            chunk_tokens: int, decode_contexts: Sequence[Decoding],
+                            prefills_ahead: Sequence[Prefilling] = (),
                             step_token_budget: int | None = None) -> tuple[float, float]:
     """Predicted prefill time (model granted to first token) of a new answer joining a running
     batch, ``(p50 ms, p95 ms)``: the step model's p50s and p95s of the steps
@@ -395,20 +395,18 @@ class BatchedBand:
         base: the profile (or corrected profile) the planner would use alone.
         fit: the profile's mixed-step model.
         chunk_tokens: the engine's prefill chunk size.
-        decode_contexts: each running answer that is decoding: its context length, or
-            ``(context length, decode steps left)`` (:func:`predict_batched_ttft_ms`).
-        prefills_ahead: each admitted answer still prefilling: ``(tokens left, next
-            position)`` or ``(tokens left, next position, max new tokens)``.
+        decode_contexts: each running answer that is decoding (:func:`predict_batched_ttft_ms`).
+        prefills_ahead: each answer still prefilling ahead of this one, in prefill order.
         step_token_budget: the engine's tokens per step (chunks of several answers share a
             step within it); ``None``: one chunk a step.
     """
 
     def __init__(self, base: Any, fit: StepFit, chunk_tokens: int,
-                 decode_contexts: Sequence[Any], prefills_ahead: Sequence[Any] = (),
+                 decode_contexts: Sequence[Decoding], prefills_ahead: Sequence[Prefilling] = (),
                  step_token_budget: int | None = None) -> None:
         self.base, self.fit, self.chunk_tokens = base, fit, int(chunk_tokens)
-        self.decode_contexts = [_decoder(x) for x in decode_contexts]
-        self.prefills_ahead = [_ahead(x) for x in prefills_ahead]
+        self.decode_contexts = list(decode_contexts)
+        self.prefills_ahead = list(prefills_ahead)
         self.step_token_budget = None if step_token_budget is None else int(step_token_budget)
         self.id: str = base.id
         self.source: str = base.source

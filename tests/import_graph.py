@@ -29,7 +29,7 @@ ROOMS = ("foundation", "retrieval", "latency_model", "generation", "receipts", "
 #: room -> the rooms it may import (itself always allowed). ``tests`` may import everything.
 ALLOWED: dict[str, frozenset[str]] = {
     "foundation": frozenset(),
-    "latency_model": frozenset({"foundation"}),
+    "latency_model": frozenset({"foundation", "generation"}),
     "retrieval": frozenset({"foundation"}),
     "generation": frozenset({"foundation", "retrieval"}),
     "receipts": frozenset({"foundation", "retrieval"}),
@@ -46,6 +46,9 @@ ALLOWED: dict[str, frozenset[str]] = {
 #: (room, target room) -> the only modules (or packages, by prefix) of the target it may import.
 NARROW: dict[tuple[str, str], tuple[str, ...]] = {
     ("generation", "retrieval"): ("retrieval.tokens",),
+    # the engine's pure scheduler and its message types (no torch): the latency model prices
+    # the scheduler's own plans
+    ("latency_model", "generation"): ("generation.engine.scheduler", "generation.engine.messages"),
     ("migrations", "retrieval"): ("retrieval.models",),
     ("migrations", "receipts"): ("receipts.models",),
     ("migrations", "app"): ("app.models",),

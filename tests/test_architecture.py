@@ -224,3 +224,105 @@ def test_every_run_file_in_benchmarks_results_is_cited_by_the_docs() -> None:
     uncited = [p.name for p in sorted((REPO / "benchmarks" / "results").iterdir())
                if f"benchmarks/results/{p.name}" not in cited]
     assert uncited == []
+
+
+# --- the engine's rooms (generation/engine/) -----------------------------------------------------
+
+#: Each room of the engine -> the project modules it may import (docs/architecture.md, "The
+#: engine's rooms"). The scheduler and the messages import nothing of the project; the runner
+#: never the core; nothing in the engine imports the generators built on it.
+ENGINE_ARROWS: dict[str, frozenset[str]] = {
+    "generation.engine.messages": frozenset(),
+    "generation.engine.scheduler": frozenset(),
+    "generation.engine.kv_cache": frozenset({"foundation.hashing"}),
+    "generation.engine.request": frozenset({"generation.engine.kv_cache", "generation.engine.messages",
+                                            "generation.engine.scheduler"}),
+    "generation.engine.runner": frozenset({"foundation.compute", "generation.engine.request",
+                                           "generation.engine.scheduler", "generation.packed_attention"}),
+    "generation.engine.core": frozenset({"foundation.compute", "generation.engine.kv_cache",
+                                         "generation.engine.messages", "generation.engine.request",
+                                         "generation.engine.runner", "generation.engine.scheduler",
+                                         "generation.sampling"}),
+}
+#: What the pure rooms may import at all: the standard library's typing and data classes.
+PURE_IMPORTS = frozenset({"__future__", "collections", "dataclasses", "typing"})
+
+
+def _imported_top_modules(path: Path) -> set[str]:
+    """Top-level names of every module ``path`` imports, wherever the import stands."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_engine_has_its_rooms_and_they_import_only_along_their_arrows(project_edges) -> None:
+    rooms = {m for m in module_names(REPO) if m.startswith("generation.engine.")}
+    assert rooms == set(ENGINE_ARROWS)
+    bad = [str(e) for e in project_edges
+           if e.importer in ENGINE_ARROWS and e.imported not in ENGINE_ARROWS[e.importer]]
+    assert bad == []
+    # the runner runs plans; it never reaches back into the core that drives it
+    assert not any(e.importer == "generation.engine.runner" and e.imported == "generation.engine.core"
+                   for e in project_edges)
+
+
+def test_the_scheduler_and_the_messages_are_pure() -> None:
+    # no torch, no I/O: the latency model replays the scheduler without loading a model
+    for name in ("scheduler", "messages"):
+        path = REPO / "generation" / "engine" / f"{name}.py"
+        assert _imported_top_modules(path) <= PURE_IMPORTS, name
+    assert "torch" in _imported_top_modules(REPO / "generation" / "engine" / "runner.py")  # the check bites
+
+
+def test_the_latency_model_prices_the_schedulers_own_plans(project_edges) -> None:
+    # one definition of step shapes and row padding: the step model calls the scheduler
+    reached = {e.imported for e in project_edges if e.importer == "latency_model.step_model"}
+    assert {"generation.engine.scheduler", "generation.engine.messages"} <= reached
+    text = (REPO / "latency_model" / "step_model.py").read_text(encoding="utf-8")
+    assert "padded_rows(" in text and "schedule(" in text
+
+
+def test_the_engines_messages_are_frozen_dataclasses() -> None:
+    import dataclasses
+    import typing
+
+    from generation.engine import messages, scheduler
+
+    kinds = [*typing.get_args(messages.EngineEvent), messages.BatchSnapshot, messages.Decoding,
+             messages.Prefilling, messages.StepRecord, scheduler.StepPlan, scheduler.ScheduledChunk]
+    assert {k.__name__ for k in typing.get_args(messages.EngineEvent)} == {"Admitted", "Token", "Finished"}
+    for kind in kinds:
+        assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen, kind.__name__  # type: ignore[attr-defined]
+
+
+def _queue_puts(path: Path) -> list[tuple[int, str]]:
+    """``(line, what)`` of every ``<answer>.out.put(...)`` in ``path``: the name of the class
+    called to build the event, or the kind of expression put (``Tuple``, ``Name``, ...)."""
+    import ast
+
+    puts = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "put"
+                and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "out"):
+            arg = node.args[0] if node.args else None
+            what = (arg.func.id if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Name)
+                    else type(arg).__name__)
+            puts.append((node.lineno, what))
+    return puts
+
+
+def test_the_engine_puts_only_typed_events_on_an_answers_queue(tmp_path: Path) -> None:
+    events = {"Admitted", "Token", "Finished"}
+    puts = [(p.name, line, what) for p in sorted((REPO / "generation").rglob("*.py"))
+            for line, what in _queue_puts(p)]
+    assert {what for _, _, what in puts} == events  # admit, emit and finish each put one kind
+    assert [p for p in puts if p[2] not in events] == []
+    bad = tmp_path / "bad.py"
+    bad.write_text('def f(seq):\n    seq.out.put(("token", 1, 0.0))\n')
+    assert _queue_puts(bad) == [(2, "Tuple")]  # the check bites

@@ -29,7 +29,7 @@ def failing_model(answer_services: Any, live_server: Any, monkeypatch: pytest.Mo
     """
     wait_idle(live_server.pipeline)
     engine = answer_services.generator.engine
-    real = engine._forward
+    real = engine.runner.forward
     calls = {"n": 0}
 
     def forward(ids: list[int], positions: list[int], keep: list[int], ctx: Any) -> Any:
@@ -39,7 +39,7 @@ def failing_model(answer_services: Any, live_server: Any, monkeypatch: pytest.Mo
                 raise RuntimeError("simulated device fault")
         return real(ids, positions, keep, ctx)
 
-    monkeypatch.setattr(engine, "_forward", forward)
+    monkeypatch.setattr(engine.runner, "forward", forward)
     return calls
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from app.pipeline import AnswerPipeline
-from generation.scheduler import StepRecord
+from generation.engine.messages import BatchSnapshot, Decoding, Prefilling, StepRecord
 from latency_model.calibration import calibrate
 from latency_model.grid import quick_grid
 from latency_model.profile import Profile
@@ -23,8 +23,13 @@ class FakeEngine:
         self.state = (decoding, prefilling)
         self.steps: list[StepRecord] = []
 
-    def batch_snapshot(self) -> tuple[list[Any], list[Any]]:
-        return self.state
+    def batch_snapshot(self) -> BatchSnapshot:
+        """The engine's snapshot of ``state``: decoders as a context or ``(context, steps left)``,
+        prefills as ``(tokens left, position, max_new[, order])``."""
+        decoding, prefilling = self.state
+        return BatchSnapshot(
+            tuple(Decoding(d) if isinstance(d, int) else Decoding(*d) for d in decoding),
+            tuple(Prefilling(*e) for e in prefilling))
 
     def recent_steps(self) -> list[StepRecord]:
         return list(self.steps)
@@ -36,6 +41,11 @@ class FakeEngine:
             segs = ((1, 300 + i), (1, 700 + i))
             ms = float(fit.predict_point_ms([StepShape(segs, 2)])[0]) * speed
             self.steps.append(StepRecord(t - (n - i) * 1e-3, segs, 2, ms))
+
+
+def ahead(band: Any) -> list[tuple[int, int, int | None]]:
+    """``(tokens left, position, max_new)`` of each prefill ahead in a batched band."""
+    return [(e.tokens_left, e.position, e.max_new) for e in band.prefills_ahead]
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +141,7 @@ def test_an_answer_granted_but_not_yet_in_the_engine_counts_as_a_prefill_ahead(s
                             scaffold_cached=True, max_new_tokens=32)
     key = pipe.bands.expect_prefill(first)  # type: ignore[arg-type]
     band = pipe.bands.batched(step_profile, step_profile)
-    assert isinstance(band, BatchedBand) and band.prefills_ahead == [(517, 83, 32)]
+    assert isinstance(band, BatchedBand) and ahead(band) == [(517, 83, 32)]
     pipe.bands.submitted(key)
     assert pipe.bands.batched(step_profile, step_profile) is step_profile
 
@@ -240,10 +250,10 @@ def test_answers_ahead_are_in_the_order_they_were_planned(step_profile: Profile)
     assert pipe.bands.order_of(key) == 5
     engine.state = ([], [(23, 83, 32, 6)])  # planned after it, but in the engine first
     band = pipe.bands.batched(step_profile, step_profile)
-    assert isinstance(band, BatchedBand) and band.prefills_ahead == [(517, 83, 32), (23, 83, 32)]
+    assert isinstance(band, BatchedBand) and ahead(band) == [(517, 83, 32), (23, 83, 32)]
     engine.state = ([], [(517, 83, 32, 5), (23, 83, 32, 6)])  # the engine has it; not yet marked
     band = pipe.bands.batched(step_profile, step_profile)
-    assert isinstance(band, BatchedBand) and band.prefills_ahead == [(517, 83, 32), (23, 83, 32)]
+    assert isinstance(band, BatchedBand) and ahead(band) == [(517, 83, 32), (23, 83, 32)]
     pipe.bands.submitted(key)
     assert pipe.bands.order_of(key) is None
 

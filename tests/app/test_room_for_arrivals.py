@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
+from generation.engine.messages import Prefilling
 from latency_model.calibration import calibrate
 from latency_model.grid import quick_grid
 from latency_model.planner import BINDINGS, Plan
 from latency_model.planner import plan as make_plan
 from latency_model.profile import Profile
-from tests.app.test_batched_planning import FakeEngine, pipeline
+from tests.app.test_batched_planning import FakeEngine, ahead, pipeline
 from tests.latency_model.conftest import no_cpu_probe
 from tests.latency_model.test_step_model import FakeStepTimer
 
@@ -48,7 +49,7 @@ def _prepared(profile: Profile) -> Any:
 def _k0_behind(pipe: Any, profile: Profile, plan: Plan, k: int) -> float:
     """p95 ms of an arrival's k = 0 prefill behind this answer's prompt at ``k``."""
     row, row0 = plan.rows[k], plan.rows[0]
-    band = pipe.bands.behind(profile)([(row.computed_tokens, row.cached_tokens, MAX_NEW, None)])
+    band = pipe.bands.behind(profile)([Prefilling(row.computed_tokens, row.cached_tokens, MAX_NEW)])
     return float(band.predict_ttft_many([row0.prompt_tokens], [row0.cached_tokens], [SCAFFOLD])[1][0])
 
 
@@ -118,6 +119,6 @@ def test_under_the_correction_the_arrival_is_priced_behind_the_batch_and_the_ans
     from latency_model.step_model import BatchedBand
 
     pipe = pipeline(FakeEngine([(400, 10)], [(300, 83, 16)]))
-    band = pipe.bands.behind(step_profile)([(500, SCAFFOLD, MAX_NEW, None)])
+    band = pipe.bands.behind(step_profile)([Prefilling(500, SCAFFOLD, MAX_NEW)])
     assert isinstance(band, CorrectedProfile) and isinstance(band.profile, BatchedBand)
-    assert band.profile.prefills_ahead == [(300, 83, 16), (500, SCAFFOLD, MAX_NEW)]
+    assert ahead(band.profile) == [(300, 83, 16), (500, SCAFFOLD, MAX_NEW)]

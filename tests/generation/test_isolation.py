@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from foundation.errors import BackendError
 from generation.base import MAX_SEED, GenParams
+from generation.engine.messages import Finished, Token
 
 FUZZ_EXAMPLES = int(os.environ.get("RAGBUDGET_SAMPLING_FUZZ_EXAMPLES", "40"))
 DERANDOMIZE = "RAGBUDGET_SAMPLING_FUZZ_EXAMPLES" not in os.environ
@@ -87,10 +88,10 @@ def run_together(gen: Any, *seqs: Any) -> list[tuple[list[int], str, BaseExcepti
         tokens: list[int] = []
         while True:
             msg = seq.out.get(timeout=60)
-            if msg[0] == "token":
-                tokens.append(msg[1])
-            elif msg[0] == "end":
-                out.append((tokens, msg[1], msg[2]))
+            if isinstance(msg, Token):
+                tokens.append(msg.token_id)
+            elif isinstance(msg, Finished):
+                out.append((tokens, msg.reason, msg.error))
                 break
     return out
 
@@ -199,7 +200,7 @@ def test_an_answer_whose_admission_or_scaffold_store_fails_ends_alone(
     computed scaffold) fails for one answer: that answer ends with the error, the greedy
     answer admitted in the same step ends as it does alone."""
     engine = tiny.engine
-    lookup, store = engine.prefix_lookup, engine.prefix_store
+    lookup, store = engine.kv_cache.lookup, engine.kv_cache.store
 
     def failing_lookup(ids: list[int]) -> Any:
         if ids == [5, 6]:
@@ -211,8 +212,8 @@ def test_an_answer_whose_admission_or_scaffold_store_fails_ends_alone(
             raise RuntimeError("prefix cache store fault")
         store(ids, kv, logits)
 
-    monkeypatch.setattr(engine, "prefix_lookup", failing_lookup)
-    monkeypatch.setattr(engine, "prefix_store", failing_store)
+    monkeypatch.setattr(engine.kv_cache, "lookup", failing_lookup)
+    monkeypatch.setattr(engine.kv_cache, "store", failing_store)
     greedy = tiny._sequence(GREEDY_PROMPT, 0, GenParams(MAX_NEW))
     no_admit = tiny._sequence([5, 6, 7], 2, GenParams(MAX_NEW))
     no_store = tiny._sequence([8, 9, 10], 2, GenParams(MAX_NEW))

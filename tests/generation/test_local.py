@@ -105,17 +105,18 @@ def test_stream_events_carry_text_and_increasing_times(g: Any, prompt: Any) -> N
 
 def test_on_submit_is_called_once_the_engine_shows_the_answer(g: Any, prompt: Any) -> None:
     from generation.base import ON_SUBMIT
+    from generation.engine.messages import BatchSnapshot
 
-    seen: list[tuple[list[tuple[int, int]], list[tuple[int, int, int, int]]]] = []
+    seen: list[BatchSnapshot] = []
     ON_SUBMIT.set(lambda: seen.append(g.engine.batch_snapshot()))
     try:
         events = list(g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(max_new_tokens=2)))
     finally:
         ON_SUBMIT.set(None)
     assert len(events) == 2 and len(seen) == 1
-    decoding, prefilling = seen[0]
-    # In the queue, nothing computed yet: (tokens left, position, max_new, prefill order).
-    assert decoding == [] and [e[:3] for e in prefilling] == [(len(prompt.ids), 0, 2)]
+    # In the queue, nothing computed yet: tokens left, position, max_new (and a prefill order).
+    assert seen[0].decoding == ()
+    assert [(e.tokens_left, e.position, e.max_new) for e in seen[0].prefilling] == [(len(prompt.ids), 0, 2)]
 
 
 def test_max_new_tokens_ends_with_length(g: Any, prompt: Any) -> None:

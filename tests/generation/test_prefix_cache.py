@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from generation.base import GenParams, IncrementalDetokenizer
-from generation.prefix_cache import PrefixKVCache
+from generation.engine.kv_cache import PrefixKVCache
 
 
 def compute(ids: list[int]) -> tuple[Any, Any]:

@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 import torch
 
+from generation.engine.core import Engine
+from generation.engine.messages import BatchSnapshot, Finished, Prefilling
+from generation.engine.request import Request as Sequence
+from generation.engine.scheduler import padded_rows
 from generation.packed_attention import ATTN_NAME, register_packed_attention
-from generation.scheduler import Engine, Sequence, padded_rows
 
 
 def _tiny(kind: str) -> Any:
@@ -109,17 +112,18 @@ def test_the_batch_model_replays_the_engines_packing() -> None:
     with engine._state:  # everything queued before the first step
         engine.submit(a)
         engine.submit(b)
-        decoding, ahead = engine.batch_snapshot()  # what d's plan sees
+        snapshot = engine.batch_snapshot()  # what d's plan sees
         d.order = engine.reserve_order()  # d is planned now ...
         engine.submit(c)  # ... c arrives and reaches the engine first ...
         engine.submit(d)  # ... then d
     for s in (a, b, c, d):
-        while s.out.get(timeout=30)[0] != "end":
+        while not isinstance(s.out.get(timeout=30), Finished):
             pass
-    assert decoding == [] and ahead == [(40, 0, 3, 0), (30, 0, 2, 1)] and (d.order, c.order) == (2, 3)
+    assert snapshot == BatchSnapshot((), (Prefilling(40, 0, 3, 0), Prefilling(30, 0, 2, 1)))
+    assert (d.order, c.order) == (2, 3)
     predicted = [(p.segments, p.logit_rows) for p in batched_step_shapes(
-        prompt_tokens=20, cached_tokens=0, prefix_tokens=0, chunk_tokens=16, decode_contexts=decoding,
-        prefills_ahead=ahead, step_token_budget=24)]
+        prompt_tokens=20, cached_tokens=0, prefix_tokens=0, chunk_tokens=16,
+        decode_contexts=snapshot.decoding, prefills_ahead=snapshot.prefilling, step_token_budget=24)]
     logged = [(r.segments, r.logit_rows) for r in engine.recent_steps()]
     assert predicted == [
         (((16, 0),), 0),  # b's 16 would not fit beside a's: the step's prefill ends there

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from foundation.errors import InvalidInput
+from generation.engine.messages import Decoding, Prefilling, StepRecord
 from latency_model.calibration import StepTimer, calibrate
 from latency_model.grid import quick_grid, step_design
 from latency_model.profile import Profile
@@ -38,7 +39,7 @@ class FakeStepTimer(FakeTimer):
     max_running = 8
 
     def __init__(self, **kw: object) -> None:
-        super().__init__(identity={**IDENTITY, "engine": {"prefill_chunk": 256}}, **kw)  # type: ignore[arg-type]
+        super().__init__(identity={**IDENTITY, "engine": {"prefill_chunk": 256}}, **kw)
 
     def step_ms(self, prefill_tokens: int, prefill_pos: int, decode_contexts: list[int],
                 prefill_needs_logits: bool = True) -> float:
@@ -93,10 +94,10 @@ def test_running_answers_make_a_new_prefill_slower() -> None:
     shapes = random_shapes(60, 3)
     fit = fit_steps(shapes, [true_step_ms(s) for s in shapes], list(range(60)))
     kw = dict(prompt_tokens=900, cached_tokens=83, prefix_tokens=83, chunk_tokens=256)
-    alone = predict_batched_ttft_ms(fit, decode_contexts=[], **kw)  # type: ignore[arg-type]
-    four = predict_batched_ttft_ms(fit, decode_contexts=[500] * 4, **kw)  # type: ignore[arg-type]
-    ahead = predict_batched_ttft_ms(fit, decode_contexts=[500] * 4, prefills_ahead=[(600, 0)],  # type: ignore[arg-type]
-                                    **kw)
+    alone = predict_batched_ttft_ms(fit, decode_contexts=[], **kw)
+    four = predict_batched_ttft_ms(fit, decode_contexts=[Decoding(500)] * 4, **kw)
+    ahead = predict_batched_ttft_ms(fit, decode_contexts=[Decoding(500)] * 4,
+                                    prefills_ahead=[Prefilling(600, 0)], **kw)
     assert alone[0] < four[0] < ahead[0] and four[0] <= four[1]
 
 
@@ -108,10 +109,10 @@ def test_decoders_that_finish_during_the_prefill_stop_costing() -> None:
     shapes = random_shapes(60, 3)
     fit = fit_steps(shapes, [true_step_ms(s) for s in shapes], list(range(60)))
     kw = dict(prompt_tokens=1400, cached_tokens=83, prefix_tokens=83, chunk_tokens=256)  # 6 chunks
-    alone = predict_batched_ttft_ms(fit, decode_contexts=[], **kw)  # type: ignore[arg-type]
-    forever = predict_batched_ttft_ms(fit, decode_contexts=[500] * 4, **kw)  # type: ignore[arg-type]
-    leaving = predict_batched_ttft_ms(fit, decode_contexts=[(500, 2)] * 4, **kw)  # type: ignore[arg-type]
-    staying = predict_batched_ttft_ms(fit, decode_contexts=[(500, 6)] * 4, **kw)  # type: ignore[arg-type]
+    alone = predict_batched_ttft_ms(fit, decode_contexts=[], **kw)
+    forever = predict_batched_ttft_ms(fit, decode_contexts=[Decoding(500)] * 4, **kw)
+    leaving = predict_batched_ttft_ms(fit, decode_contexts=[Decoding(500, 2)] * 4, **kw)
+    staying = predict_batched_ttft_ms(fit, decode_contexts=[Decoding(500, 6)] * 4, **kw)
     assert alone[0] < leaving[0] < forever[0] and staying == forever
     # By hand: two steps with the four decoders, then four alone.
     sched = prefill_schedule(1400, 83, 83, 256)
@@ -119,10 +120,10 @@ def test_decoders_that_finish_during_the_prefill_stop_costing() -> None:
                                                         start + n == 1400)])[0][0])
                   for i, (n, start) in enumerate(sched))
     assert leaving[0] == pytest.approx(by_hand)
-    one = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=[(300, 0, 1)], **kw)  # type: ignore[arg-type]
-    many = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=[(300, 0, 64)], **kw)  # type: ignore[arg-type]
-    two_tuple = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=[(300, 0)], **kw)  # type: ignore[arg-type]
-    assert one[0] < many[0] and many == two_tuple
+    one = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=[Prefilling(300, 0, 1)], **kw)
+    many = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=[Prefilling(300, 0, 64)], **kw)
+    unknown = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=[Prefilling(300, 0)], **kw)
+    assert one[0] < many[0] and many == unknown
 
 
 def test_short_prefills_ahead_share_steps_within_the_step_token_budget() -> None:
@@ -133,15 +134,15 @@ def test_short_prefills_ahead_share_steps_within_the_step_token_budget() -> None
     shapes = random_shapes(60, 3)
     fit = fit_steps(shapes, [true_step_ms(s) for s in shapes], list(range(60)))
     kw = dict(prompt_tokens=600, cached_tokens=83, prefix_tokens=83, chunk_tokens=256)
-    ahead = [(23, 83, 32)] * 5
-    packed = batched_step_shapes(decode_contexts=[], prefills_ahead=ahead, step_token_budget=256, **kw)  # type: ignore[arg-type]
-    one_each = batched_step_shapes(decode_contexts=[], prefills_ahead=ahead, **kw)  # type: ignore[arg-type]
+    ahead = [Prefilling(23, 83, 32)] * 5
+    packed = batched_step_shapes(decode_contexts=[], prefills_ahead=ahead, step_token_budget=256, **kw)
+    one_each = batched_step_shapes(decode_contexts=[], prefills_ahead=ahead, **kw)
     assert len(one_each) == 5 + 3 and len(packed) == 1 + 3  # its 256-token chunk does not fit beside them
     assert packed[0].segments == ((23, 83),) * 5 and packed[0].logit_rows == 5
     assert packed[1].segments == ((1, 106),) * 5 + ((256, 83),) and packed[1].logit_rows == 5
-    shared = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=ahead,  # type: ignore[arg-type]
+    shared = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=ahead,
                                      step_token_budget=256, **kw)
-    apart = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=ahead, **kw)  # type: ignore[arg-type]
+    apart = predict_batched_ttft_ms(fit, decode_contexts=[], prefills_ahead=ahead, **kw)
     assert shared[0] < apart[0]
 
 
@@ -149,7 +150,7 @@ def test_batched_band_adds_only_what_the_batch_costs(fitted_profile: Profile) ->
     shapes = random_shapes(60, 4)
     fit = fit_steps(shapes, [true_step_ms(s) for s in shapes], list(range(60)))
     empty = BatchedBand(fitted_profile, fit, 256, [])
-    busy = BatchedBand(fitted_profile, fit, 256, [300, 900])
+    busy = BatchedBand(fitted_profile, fit, 256, [Decoding(300), Decoding(900)])
     n, c = [200, 800, 1500], [83, 83, 0]
     base = fitted_profile.predict_ttft_many(n, c, [83, 83, 83])
     assert np.allclose(empty.predict_ttft_many(n, c, [83, 83, 83])[0], base[0])
@@ -190,9 +191,10 @@ def test_machine_speed_is_the_median_step_ratio() -> None:
     fit = StepFit(coefficients={"a": 5.0, "b": 0.5, "s": 1.0, "g": 0.0, "e": 0.01, "h": 0.2},
                   quantiles={}, in_sample_mape=0.0, loo_point_mape=0.0)
     shapes = [((1, 100 + i), (1, 400), (64, 83)) for i in range(20)]
-    steps = [(segs, 2, float(fit.predict_point_ms([StepShape(segs, 2)])[0]) * 1.4) for segs in shapes]
-    steps[3] = (steps[3][0], 2, 1e6)  # one stalled step does not move the median
-    steps.append(((), 0, 10.0))  # malformed: skipped
+    steps = [StepRecord(float(i), segs, 2, float(fit.predict_point_ms([StepShape(segs, 2)])[0]) * 1.4)
+             for i, segs in enumerate(shapes)]
+    steps[3] = StepRecord(3.0, steps[3].segments, 2, 1e6)  # one stalled step does not move the median
+    steps.append(StepRecord(99.0, (), 0, 10.0))  # malformed: skipped
     got = machine_speed(fit, steps)
     assert got is not None and got[0] == pytest.approx(1.4) and got[1] == 20
     assert machine_speed(fit, steps[:MIN_SPEED_STEPS - 1]) is None
@@ -208,8 +210,8 @@ def test_machine_speed_weights_each_step_by_its_predicted_time() -> None:
     decode = [((1, 300 + i),) for i in range(12)]  # 12 one-token steps, ~5.7 ms predicted
     chunks = [((256, 256 * i),) for i in range(4)]  # 4 chunk steps, ~130 ms predicted each
 
-    def timed(segs: tuple[tuple[int, int], ...], rows: int, slow: float) -> tuple[object, int, float]:
-        return segs, rows, float(fit.predict_point_ms([StepShape(segs, rows)])[0]) * slow
+    def timed(segs: tuple[tuple[int, int], ...], rows: int, slow: float) -> StepRecord:
+        return StepRecord(0.0, segs, rows, float(fit.predict_point_ms([StepShape(segs, rows)])[0]) * slow)
 
     steps = [timed(s, 1, 1.8) for s in decode] + [timed(s, 1, 2.2) for s in chunks]
     got = machine_speed(fit, steps)

@@ -1,0 +1,371 @@
+"""The engine core: continuous batching for the local generator, batch-invariant on CPU.
+
+A step reads: admit waiting answers, ``plan = schedule(live)``
+(:mod:`generation.engine.scheduler`), ``logits = runner.run(plan, live)``
+(:mod:`generation.engine.runner`), then move positions, store scaffolds and emit tokens
+(:meth:`Engine.step`).
+
+Each engine step runs ONE forward pass over a packed row of tokens: the next
+decode token of every running answer plus prefill chunks of answers still
+reading their prompt, up to ``step_token_budget`` tokens (at least one chunk per
+step, so a prefill always advances). Answers join at the next step after they
+arrive (up to ``max_running`` at once) and leave the moment they finish or are
+cancelled. This is the scheme of Orca / vLLM / Sarathi-Serve (chunked prefill
+riding along with decode steps). Prefill chunks go in prefill order (a number each
+answer reserves when it is planned, :meth:`Engine.reserve_order`, or takes at
+submission; :func:`generation.engine.scheduler.schedule`), and the first chunk that does
+not fit ends the step's prefill, so an answer never overtakes one planned before it: the
+planner's replay of these steps (``latency_model.step_model.batched_step_shapes``) holds
+whatever arrives later.
+
+Batch invariance (an answer's tokens do not depend on its batch mates, its row
+in the step, or when it arrived), established as follows:
+
+* Linear layers, norms, embeddings and the LM head work row by row, but a GEMM's
+  kernel (and so a row's bits) can depend on the row count M. On CPU torch (MKL
+  sgemm, AVX2) a row's result was measured bit-identical across M and row
+  offsets for M >= 4 with 1 thread, and for M in {4, 8} and M >= 12 with 2
+  threads; so on CPU every step and every LM-head call is padded to
+  :func:`generation.engine.scheduler.padded_rows` (a multiple of ``ROW_MULTIPLE``, at
+  least ``MIN_ROWS``). On CUDA (cuBLAS picks kernels, split-K included, by shape)
+  every step is padded to one fixed row count instead.
+* Attention is computed per answer, over that answer's own KV buffer, with shapes
+  that depend only on the answer itself (its chunk length and position).
+* Prefill chunk boundaries are a pure function of the prompt: the scaffold
+  prefix ``[0, P)`` in chunks of ``prefill_chunk`` from 0, the rest ``[P, N)``
+  in chunks of ``prefill_chunk`` from ``P``; a cached scaffold is exactly the KV
+  those chunks produce, so a cache hit and a miss compute the same bits.
+  ``prefill_chunk`` is recorded in the generator identity (receipts).
+
+Failure isolation: after the forward, each answer's logits row is turned into its token on
+its own (``Engine._choose``); an exception there (its sampling failed) ends that answer
+alone with the error, while the other rows of the step, already computed, go on exactly as
+they would without it. The same holds for an answer's admission (its KV buffer, its prefix
+cache lookup) and for storing its scaffold in the prefix cache. Only a failure of the
+forward itself ends every answer in the step.
+
+The attention over each answer's own KV buffer is
+:mod:`generation.packed_attention`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from foundation.compute import compute
+from generation.engine.kv_cache import KVCache
+from generation.engine.messages import (
+    Admitted,
+    BatchSnapshot,
+    Decoding,
+    EndReason,
+    Finished,
+    Prefilling,
+    StepRecord,
+    Token,
+)
+from generation.engine.request import Request
+from generation.engine.runner import ModelRunner
+from generation.engine.scheduler import StepPlan, admissions, schedule
+from generation.sampling import mask_ids
+
+#: Engine steps the step log keeps (:meth:`Engine.recent_steps`): a few seconds of steps.
+STEP_LOG = 256
+
+
+def _order(req: Request) -> int:
+    """``req``'s prefill order (-1 before it has one: an answer run alone by ``run_alone``)."""
+    return req.order if req.order is not None else -1
+
+
+def _close_engine(ref: weakref.ReferenceType[Engine]) -> None:
+    engine = ref()
+    if engine is not None:
+        engine.close()
+
+
+class Engine:
+    """The step loop: admits, packs, runs one forward per step, routes tokens.
+
+    Steps run on the process's compute thread (``foundation.compute``), which calls
+    :meth:`step_once` between jobs, so answers run on the same OpenMP team as the
+    calibration timers; :meth:`run_alone` and :meth:`step` must be called on that thread too.
+
+    Args:
+        model: a transformers causal LM whose attention implementation is
+            :data:`generation.packed_attention.ATTN_NAME`.
+        device: torch device string.
+        lock: the model lock (held for each step; calibration timers hold it too).
+        prefix_lookup: ``prefix_ids -> (kv dict, last_logits) | None``.
+        prefix_store: ``(prefix_ids, kv dict, last_logits) -> None``.
+        prefix_known: ``prefix_ids -> bool``, whether the prefix cache holds them now (read by
+            :meth:`batch_snapshot` for answers not admitted yet); None: not known.
+        max_running: answers in the running batch at most.
+        step_token_budget: tokens per step at most (decode tokens + prefill chunks), except
+            that one prefill chunk always fits.
+        fixed_rows: pad every step and LM-head call to exactly this many rows (CUDA);
+            None pads by :func:`generation.engine.scheduler.padded_rows` (CPU).
+        threads: torch intra-op threads every forward runs at, set on the compute thread when
+            it differs (another model of the process may have set its own); None leaves the
+            thread's count as it is.
+    """
+
+    def __init__(self, model: Any, device: str, lock: threading.Lock,
+                 prefix_lookup: Callable[[list[int]], tuple[Any, Any] | None],
+                 prefix_store: Callable[[list[int], Any, Any], None],
+                 max_running: int, step_token_budget: int, fixed_rows: int | None = None,
+                 prefix_known: Callable[[list[int]], bool] | None = None,
+                 threads: int | None = None) -> None:
+        self.lock = lock
+        self.runner = ModelRunner(model, device, fixed_rows, threads)
+        self.kv_cache = KVCache(prefix_lookup, prefix_store, prefix_known)
+        self.max_running, self.step_token_budget = max_running, step_token_budget
+        self._state = threading.RLock()  # guards the queues; re-entered by _cancel_all
+        self._orders = itertools.count()  # prefill order: reserved at grant or taken at submit
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._attached = False
+        self._drained = threading.Event()
+        self.steps = 0
+        self.peak_rows_answers = 0  # most answers seen in one step (tests, metrics)
+        self._log: deque[StepRecord] = deque(maxlen=STEP_LOG)
+        self._log_lock = threading.Lock()
+        self._stop = False
+        # Cancel what is left before the interpreter finalises: the compute thread must not be
+        # inside torch at exit, which aborts the process ("terminate called without an active
+        # exception").
+        atexit.register(_close_engine, weakref.ref(self))
+
+    def close(self) -> None:
+        """Stop at the next step boundary; answers still running or waiting end as cancelled.
+        Waits up to 5 s for the compute thread to reach that boundary."""
+        with self._state:
+            self._stop = True
+            attached = self._attached
+        if not attached:
+            self._cancel_all()
+            return
+        ct = compute()
+        if ct.is_current():
+            self.step_once()
+            return
+        ct.wake()
+        self._drained.wait(timeout=5.0)
+
+    # --- public ------------------------------------------------------------------------
+    def reserve_order(self) -> int:
+        """A prefill order number for an answer about to be submitted (``Request.order``):
+        reserved when the answer is planned, its chunks go before those of every answer that
+        reserves or is submitted later, whichever reaches the engine first."""
+        with self._state:
+            return next(self._orders)
+
+    def submit(self, seq: Request) -> None:
+        """Queue ``seq``; it joins the running batch at the next step with room. Without a
+        reserved ``order`` it takes the next one now."""
+        with self._state:
+            if seq.order is None:
+                seq.order = next(self._orders)
+            self._waiting.append(seq)
+            attach = not self._attached
+            self._attached = True
+        if attach:
+            compute().attach(self)
+        else:
+            compute().wake()
+
+    def wake(self) -> None:
+        """Wake the step loop (after a cancel event was set, so it drops that answer now)."""
+        if self._attached:
+            compute().wake()
+
+    def running_count(self) -> int:
+        """Answers admitted to the engine now (prefilling or decoding)."""
+        with self._state:
+            return len(self._running)
+
+    def batch_snapshot(self) -> BatchSnapshot:
+        """What a new answer would share steps with, now: each running answer that is decoding
+        (:class:`Decoding`: tokens in its KV; steps until it reaches ``max_new``, fewer if it
+        stops at an end-of-text token), and each answer admitted or waiting that is still
+        prefilling (:class:`Prefilling`: prompt tokens left, next position, max_new, order), in
+        prefill order (:func:`generation.engine.scheduler.schedule`). An answer not admitted
+        yet starts after its scaffold when the prefix cache holds it (``prefix_known``), else
+        from position 0. Read by ``app.plan_bands`` for ``latency_model.step_model.BatchedBand``."""
+        with self._state:
+            seqs = [s for s in [*self._running, *self._waiting] if not s.done]
+            decoding = tuple(Decoding(s.pos, max(s.max_new - s.produced, 0))
+                             for s in seqs if not s.in_prefill())
+            prefilling = [(s, len(s.prompt), s.pos, s.max_new, s.kv is None, _order(s))
+                          for s in seqs if s.in_prefill()]
+        out: list[Prefilling] = []
+        for seq, n, pos, max_new, waiting, order in sorted(prefilling, key=lambda e: e[5]):
+            # The cache has its own lock: asked outside _state.
+            if (waiting and pos == 0 and 0 < seq.prefix_len < n
+                    and self.kv_cache.holds(seq.prompt[:seq.prefix_len])):
+                pos = seq.prefix_len
+            out.append(Prefilling(n - pos, pos, max_new, order))
+        return BatchSnapshot(decoding, tuple(out))
+
+    def recent_steps(self) -> list[StepRecord]:
+        """The last :data:`STEP_LOG` timed steps, oldest first: what the machine is doing now
+        (``app.plan_bands`` reads the machine's speed from them against the step model)."""
+        with self._log_lock:
+            return list(self._log)
+
+    def run_alone(self, seq: Request, *, decode_steps: int = 0) -> None:
+        """Drive ``seq`` synchronously (caller holds the model lock) until its first token, plus
+        ``decode_steps`` decode steps: the calibration timers and prefix warming use this."""
+        self._admit(seq)
+        while not seq.done and (seq.in_prefill() or seq.next_tok is None):
+            self.step([seq])
+        for _ in range(decode_steps):
+            if seq.done:
+                break
+            self.step([seq])
+
+    # --- the loop ----------------------------------------------------------------------
+    def step_once(self) -> bool:
+        """One step of the running batch; the compute thread calls it between jobs
+        (``foundation.compute``). Admits waiting answers up to ``max_running``, drops those
+        whose consumer left, runs one forward. Returns True while answers remain."""
+        with self._state:
+            if self._stop:  # closed (or process exit): every answer still here ends as cancelled
+                self._cancel_all()
+                return False
+            for seq in [s for s in self._waiting if self._gone(s)]:  # left while waiting
+                self._waiting.remove(seq)
+                self._finish(seq, "cancelled")
+            for _ in range(admissions(len(self._running), len(self._waiting), self.max_running)):
+                self._running.append(self._waiting.popleft())
+            batch = list(self._running)
+        for seq in batch:
+            if seq.admitted_t is None and not self._gone(seq):
+                try:
+                    self._admit(seq)
+                except Exception as exc:  # this answer could not be admitted: it alone ends
+                    self._finish(seq, "error", exc)
+        try:
+            live = [s for s in batch if not self._gone(s) and not s.done]
+            if live:
+                with self.lock:
+                    self.step(live)
+        except Exception as exc:  # the model failed: every answer in the step ends with it
+            for seq in batch:
+                if not seq.done:
+                    self._finish(seq, "error", exc)
+        with self._state:
+            for seq in batch:
+                if self._gone(seq) and not seq.done:
+                    self._finish(seq, "cancelled")
+            self._running = [s for s in self._running if not s.done]
+            return bool(self._waiting or self._running)
+
+    def _cancel_all(self) -> None:
+        with self._state:
+            for seq in [*self._waiting, *self._running]:
+                if not seq.done:
+                    self._finish(seq, "cancelled")
+            self._waiting.clear()
+            self._running = []
+            attached, self._attached = self._attached, False
+        if attached:
+            compute().detach(self)
+        self._drained.set()
+
+    @staticmethod
+    def _gone(seq: Request) -> bool:
+        return seq.closed or (seq.cancel is not None and seq.cancel.is_set())
+
+    def _finish(self, seq: Request, reason: EndReason, exc: BaseException | None = None) -> None:
+        seq.done = True
+        seq.kv = None
+        seq.out.put(Finished(reason, exc))
+
+    def _admit(self, seq: Request) -> None:
+        admitted_t = time.perf_counter()
+        got = self.kv_cache.admit(seq.prompt, seq.prefix_len, seq.max_new)
+        with self._state:  # batch_snapshot sees the answer before admission or after, never half-way
+            seq.admitted_t, seq.kv = admitted_t, got.kv
+            seq.pos, seq.cached_tokens = got.cached_tokens, got.cached_tokens
+            if got.first_logits is not None:
+                seq.first_logits = got.first_logits
+        seq.out.put(Admitted(admitted_t, got.cached_tokens))
+
+    def step(self, live: list[Request]) -> None:
+        """One step of exactly the admitted answers ``live`` on the caller's thread (the compute
+        thread, model lock held): ``plan = schedule(live)``, ``logits = runner.run(plan, live)``,
+        then :meth:`_update` (positions, scaffolds stored, tokens emitted); logged in
+        :meth:`recent_steps`. A prompt that is exactly a cached scaffold takes its first token
+        from the cache's logits first. Raises whatever the forward raises (every answer in
+        the step ends with it: :meth:`step_once`)."""
+        t0 = time.perf_counter()
+        for seq in live:  # a prompt that is exactly a cached prefix: first token from its logits
+            if seq.first_logits is not None:
+                logits, seq.first_logits = seq.first_logits, None
+                self._choose(seq, logits)
+        live = [s for s in live if not s.done]
+        plan = schedule(live, self.step_token_budget)
+        if not plan.chunks:
+            return
+        logits = self.runner.run(plan, live)
+        self.steps += 1
+        self.peak_rows_answers = max(self.peak_rows_answers, len(plan.chunks))
+        self._update(plan, live, logits)
+        t1 = time.perf_counter()
+        record = StepRecord(t1, plan.segments, plan.logit_rows, (t1 - t0) * 1000.0)
+        with self._log_lock:
+            self._log.append(record)
+
+    def _update(self, plan: StepPlan, live: list[Request], logits: Any) -> None:
+        """After the forward: each answer's position moves past its chunk; a chunk that ends an
+        uncached scaffold stores it in the prefix cache; an answer whose prompt is done gets its
+        next token from its own logits row (``logits``: ``(plan.logit_rows, vocab)``)."""
+        row = 0
+        for item in plan.chunks:
+            seq = live[item.index]
+            seq.pos = item.start + item.tokens
+            if not item.needs_logits:
+                continue
+            lg = logits[row]  # (vocab,)
+            row += 1
+            if seq.pos == seq.prefix_len and seq.cached_tokens == 0 and seq.prefix_len:
+                assert seq.kv is not None
+                try:
+                    self.kv_cache.store_prefix(seq.prompt, seq.prefix_len, seq.kv, lg)
+                except Exception as exc:  # storing this answer's scaffold failed: it alone ends
+                    self._finish(seq, "error", exc)
+                    continue
+            if seq.in_prefill():
+                continue
+            self._choose(seq, lg)
+
+    def _choose(self, seq: Request, logits: Any) -> None:
+        """Pick and route ``seq``'s next token from its own logits row ``(vocab,)``. Whatever
+        goes wrong here (its sampling raises, non-finite probabilities) ends ``seq`` alone with
+        that error: the other rows of the step are already computed and go on untouched."""
+        try:
+            if seq.produced < seq.min_new and seq.eos:
+                logits = mask_ids(logits, seq.eos)
+            tok = seq.select(logits)
+        except Exception as exc:  # this answer's sampling failed: it ends, its batch mates do not
+            self._finish(seq, "error", exc)
+            return
+        self._emit(seq, tok, time.perf_counter())
+
+    def _emit(self, seq: Request, tok: int, t: float) -> None:
+        if tok in seq.eos and not seq.ignore_eos:
+            self._finish(seq, "stop")
+            return
+        seq.out.put(Token(tok, t))
+        seq.produced += 1
+        seq.next_tok = tok
+        if seq.produced >= seq.max_new:
+            self._finish(seq, "length")
