@@ -272,6 +272,7 @@ class AnswerPipeline:
         s = self.settings
         question = check_question(s, req.question)
         budget = check_budget(s, req.ttft_budget_ms)
+        self._refuse_output_over_window(req.max_new_tokens)
         max_new = check_max_new_tokens(s, req.max_new_tokens)
         self.gen_params(req, max_new)  # refused here, before retrieval and before the queue
         k_cap = check_k(s, req.k_max, s.retrieval_candidates)
@@ -403,6 +404,25 @@ class AnswerPipeline:
                 best = (soonest, e.id, alone.plan)
         assert best is not None
         return best[1], best[2]
+
+    def _refuse_output_over_window(self, max_new: int | None) -> None:
+        """Refuse an output limit as long as the largest context window in rotation: no prompt
+        fits beside it, so it is the context-window error (as vLLM answers it) before the
+        server's own cap (``invalid_max_new_tokens``) is checked.
+
+        Raises:
+            ContextLengthExceeded: ``field`` ``max_new_tokens``, ``max_new_tokens``,
+                ``context_window`` (no ``prompt_tokens``: the prompt is not built yet).
+            Unavailable: ``engine_unavailable`` (:meth:`in_rotation`).
+        """
+        if max_new is None or isinstance(max_new, bool) or not isinstance(max_new, int):
+            return  # absent, or a type check_max_new_tokens refuses
+        window = max(int(e.generator.context_window) for e in self.in_rotation())
+        if max_new >= window:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {window} tokens. However, you requested "
+                f"{max_new} tokens for the output alone. Please reduce the length of the output "
+                f"(max tokens).", field="max_new_tokens", max_new_tokens=max_new, context_window=window)
 
     @staticmethod
     def _fit_window(prompt_tokens: int, max_new: int, defaulted: bool, window: int) -> int:

@@ -148,14 +148,6 @@ async def start_answer(chat: ChatRequest, request: Request, pipeline: AnswerPipe
         UnknownModel, RagBudgetError: as the route (:func:`chat_completions`).
     """
     check_model(pipeline.services, chat.model)
-    window = int(pipeline.services.generator.context_window)
-    if chat.max_new_tokens is not None and chat.max_new_tokens >= window:
-        # Cannot fit beside any prompt: vLLM's refusal, before the server's own cap is checked.
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {window} tokens. However, you requested "
-            f"{chat.max_new_tokens} tokens for the output alone. Please reduce the length of the "
-            f"output (max tokens).", param=chat.max_tokens_param,
-            max_new_tokens=chat.max_new_tokens, context_window=window)
     budget = chat.ttft_budget_ms if chat.ttft_budget_ms is not None else x_ttft_budget_ms
     on_miss = chat.on_budget_miss if chat.on_budget_miss is not None else x_on_budget_miss
     req = AnswerRequest(question=chat.question, ttft_budget_ms=budget, max_new_tokens=chat.max_new_tokens,

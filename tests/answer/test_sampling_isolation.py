@@ -96,7 +96,8 @@ def test_out_of_range_sampling_parameters_are_refused_on_both_routes_before_any_
     chat = _chat(live_server.base_url, QUESTION, **fields)
     answer = _answer(live_server.base_url, QUESTION, **fields)
     assert chat.status_code == 400 and chat.json()["error"]["param"] == param, chat.text
-    assert answer.status_code == 422 and answer.json()["error"]["code"] == "invalid_request"
+    assert chat.json()["error"]["code"] == "invalid_sampling_parameter"
+    assert answer.status_code == 422 and answer.json()["error"]["code"] == "invalid_sampling_parameter"
     assert param in answer.json()["error"]["message"]
     assert (engine.steps, _receipt_count(answer_services)) == (steps, receipts)
 
