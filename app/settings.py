@@ -40,13 +40,13 @@ class EngineConfig(BaseModel):
     id: str = Field(pattern=f"^{ENGINE_ID_PATTERN}$", description="Unique engine id (letters, "
                     "digits, '_', '.', '-'; at most 64).")
     kind: Literal["local", "remote"] = "remote"
-    base_url: str | None = Field(None, description="Remote: the API root with its version, e.g. "
+    base_url: str | None = Field(default=None, description="Remote: the API root with its version, e.g. "
                                  "http://10.0.0.21:8080/v1.")
     model: str | None = None
-    max_running: int | None = Field(None, ge=1, le=4096)
+    max_running: int | None = Field(default=None, ge=1, le=4096)
     api_key: str | None = None
     tokenizer: str | None = None
-    context_window: int | None = Field(None, ge=16)
+    context_window: int | None = Field(default=None, ge=16)
 
     @model_validator(mode="after")
     def _remote_needs_url(self) -> EngineConfig:
