@@ -180,10 +180,13 @@ class FleetEngine:
         return self.queue
 
     def start_load(self, profile: Profile) -> None:
-        """Read a remote engine's ``/slots`` in the background (once) and price its busy slots in
-        the queue's wait: each slot's tokens still allowed (``n_remain``; unlimited or unreported:
-        ``default_max_new_tokens`` minus those decoded, at least 1) x the profile's TPOT at half
-        the engine's context window (ms). No-op for the local engine (its queue is the engine)."""
+        """Read a remote engine's ``/slots`` and ``/metrics`` in the background (once) and price
+        its load in the queue's wait: each busy slot's tokens still allowed (``n_remain``;
+        unlimited or unreported: ``default_max_new_tokens`` minus those decoded, at least 1), and
+        each request the engine keeps waiting behind its slots ``default_max_new_tokens``, x the
+        profile's TPOT at half the engine's context window (ms). The waiting requests count as
+        foreign work ahead of a new answer (:meth:`app.genqueue.GenerationQueue.foreign`). No-op
+        for the local engine (its queue is the engine)."""
         if self.config.kind != "remote" or not self.config.base_url:
             return
         with self._load_lock:
@@ -201,10 +204,11 @@ class FleetEngine:
 
         def remaining() -> list[float] | None:
             reading = load.reading()
-            if reading is None or not reading.busy:
+            if reading is None or not (reading.busy or reading.waiting):
                 return None
-            return [max(remain if remain >= 0 else default_new - decoded, 1) * tpot
-                    for decoded, remain in reading.busy]
+            return ([max(remain if remain >= 0 else default_new - decoded, 1) * tpot
+                     for decoded, remain in reading.busy]
+                    + [max(default_new, 1) * tpot] * reading.waiting)
 
         self.queue.engine_load = remaining
 
@@ -241,4 +245,5 @@ class FleetEngine:
                 "slots": self.queue.slots, "queue_depth": self.queue.depth,
                 "in_flight": self.in_flight(), "predicted_wait_ms": self.predicted_wait_ms(),
                 "foreign_busy": len(self.queue.foreign()),
-                "engine_busy": None if reading is None else len(reading.busy)}
+                "engine_busy": None if reading is None else len(reading.busy),
+                "engine_waiting": None if reading is None else reading.waiting}

@@ -20,12 +20,13 @@ the running answers add to a new answer's own prefill once it has a slot is
 priced in its plan instead (``latency_model.step_model.BatchedBand``, from the
 profile's mixed-step model).
 
-Load from other clients (``engine_load``, a remote engine that reports its slots:
-:class:`generation.remote_load.SlotLoad`): the engine's own count of busy slots, minus this
-queue's running answers, is the number of slots held by clients that bypass ragbudget. Each
-is priced as a running answer with the mean remaining time of the engine's busy slots (what
-``engine_load`` returns per busy slot: its tokens still allowed x the profile's TPOT), so a
-flooded engine shows a predicted wait before ragbudget's own answers come back late. They
+Load from other clients (``engine_load``, a remote engine that reports its slots or its
+queue metrics: :class:`generation.remote_load.SlotLoad`): the engine's own count of busy slots
+and of requests it keeps waiting behind them, minus this queue's running answers, is the work
+of clients that bypass ragbudget. Each is priced as a running answer with the mean remaining
+time of what ``engine_load`` returns (per busy slot its tokens still allowed, per waiting
+request ``default_max_new_tokens``, x the profile's TPOT), so a flooded engine shows a
+predicted wait before ragbudget's own answers come back late. They
 count in :meth:`GenerationQueue.predicted_wait_ms` and :meth:`GenerationQueue.retry_after_ms`
 (a slot is free only when the engine's busy slots leave one), not in
 :meth:`GenerationQueue.min_wait_ms` (a foreign answer may end at any token: a fast refusal is

@@ -1,18 +1,27 @@
-"""The load a llama.cpp server carries, read in the background from its ``GET /slots``.
+"""The load a remote engine carries, read in the background from its ``GET /slots`` and
+``GET /metrics``.
 
-A remote engine is shared: clients that do not go through ragbudget keep its slots busy,
-and ragbudget's own queue cannot see them. llama.cpp's native server lists its slots at
-``GET <root>/slots`` (with ``--slots``; tools/server/README.md in llama.cpp): per slot
-``id``, ``is_processing`` and, while it decodes, ``next_token`` (one object, or a list of one
-per sequence) with ``n_decoded`` (tokens generated so far) and ``n_remain`` (tokens it may
-still generate; -1 when unlimited), and ``params.n_predict`` (its ``max_tokens``).
+A remote engine is shared: clients that do not go through ragbudget keep it busy, and
+ragbudget's own queue cannot see them. Two signals are read, beside the engine's API root:
 
-:class:`SlotLoad` reads that route every ``interval_s`` seconds on a daemon thread and keeps
-the latest reading (:class:`SlotReading`): the answer path never makes an HTTP call for it,
-it reads a snapshot (a lock and a list copy). A server without the route (vLLM, SGLang,
-llama-cpp-python: 404, or anything not a JSON list) is stopped being polled after its first
-answer; a server that does not answer leaves the last reading to age out
-(:meth:`SlotLoad.reading` returns None once it is older than ``max_age_s``).
+* ``GET <root>/slots``, llama.cpp's native server (with ``--slots``; tools/server/README.md in
+  llama.cpp): per slot ``id``, ``is_processing`` and, while it decodes, ``next_token`` (one
+  object, or a list of one per sequence) with ``n_decoded`` (tokens generated so far) and
+  ``n_remain`` (tokens it may still generate; -1 when unlimited). What each busy slot has left.
+* ``GET <root>/metrics``, Prometheus text (parsed with ``prometheus_client``): the requests the
+  engine runs and those it keeps waiting, by the first family of :data:`QUEUE_METRICS` it
+  serves: llama.cpp (``--metrics``) ``llamacpp:requests_processing`` /
+  ``llamacpp:requests_deferred``; vLLM ``vllm:num_requests_running`` /
+  ``vllm:num_requests_waiting``; SGLang (``--enable-metrics``) ``sglang:num_running_reqs`` /
+  ``sglang:num_queue_reqs`` (each summed over its label sets). ``/slots`` cannot see the
+  requests a llama.cpp server has queued behind its slots (deferred); ``/metrics`` can.
+
+:class:`SlotLoad` reads both every ``interval_s`` seconds on a daemon thread and keeps the
+latest reading (:class:`SlotReading`): the answer path never makes an HTTP call for it, it
+reads a snapshot (a lock and a list copy). A route the server does not have (404, 501, or a
+body that is not what it should be) is no longer read after its first answer; the thread ends
+when neither route is there. A server that does not answer leaves the last reading to age
+out (:meth:`SlotLoad.reading` returns None once it is older than ``max_age_s``).
 """
 
 from __future__ import annotations
@@ -24,19 +33,31 @@ from typing import Any
 
 import httpx
 
+#: ``(running, waiting)`` gauge names per engine family, in the order they are looked for.
+#: Sources: llama.cpp tools/server/README.md ("GET /metrics"); vLLM docs "Production Metrics";
+#: SGLang docs "Production Metrics".
+QUEUE_METRICS: tuple[tuple[str, str], ...] = (
+    ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+    ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+)
+
 
 @dataclass(frozen=True)
 class SlotReading:
-    """One read of ``/slots``.
+    """One read of the engine's load.
 
-    ``total``: slots the server has; ``busy``: one ``(n_decoded, n_remain)`` pair per slot
-    that is processing (``n_remain`` -1: no limit, or not reported); ``t``:
-    ``time.perf_counter()`` seconds when it was read.
+    ``total``: slots the server has (0 when only ``/metrics`` was read); ``busy``: one
+    ``(n_decoded, n_remain)`` pair per request the engine is running (``n_remain`` -1: no limit,
+    or not reported; from ``/metrics`` alone every pair is ``(0, -1)``); ``t``:
+    ``time.perf_counter()`` seconds when it was read; ``waiting``: requests the engine holds in
+    its own queue, not started (0 when it does not say).
     """
 
     total: int
     busy: list[tuple[int, int]]
     t: float
+    waiting: int = 0
 
 
 def parse_slots(body: Any, t: float) -> SlotReading | None:
@@ -58,14 +79,38 @@ def parse_slots(body: Any, t: float) -> SlotReading | None:
     return SlotReading(total=len(body), busy=busy, t=t)
 
 
+def parse_queue_metrics(text: str) -> tuple[int, int] | None:
+    """``(running, waiting)`` requests from a Prometheus text body, by the first family of
+    :data:`QUEUE_METRICS` present (each gauge summed over its label sets; a missing waiting
+    gauge counts 0); None when the body names none of them or is not Prometheus text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+    except ValueError:
+        return None
+    for running, waiting in QUEUE_METRICS:
+        if running in values:
+            return max(int(values[running]), 0), max(int(values.get(waiting, 0.0)), 0)
+    return None
+
+
 class SlotLoad:
-    """A background reader of one llama.cpp server's ``GET /slots`` (see the module docstring).
+    """A background reader of one engine's ``GET /slots`` and ``GET /metrics`` (see the module
+    docstring).
 
     Args:
-        base_url: the engine's API root (``.../v1``); ``/slots`` is read beside it.
+        base_url: the engine's API root (``.../v1``); ``/slots`` and ``/metrics`` are read
+            beside it.
         interval_s: seconds between reads (> 0).
         api_key: sent as ``Authorization: Bearer`` when set.
         max_age_s: a reading older than this is not used (default: 5 intervals, at least 2 s).
+
+    Raises:
+        ValueError: ``interval_s`` not > 0.
     """
 
     def __init__(self, base_url: str, interval_s: float, *, api_key: str | None = None,
@@ -73,7 +118,9 @@ class SlotLoad:
         if not interval_s > 0:
             raise ValueError("interval_s must be > 0")
         base = base_url.rstrip("/")
-        self.url = (base[:-3] if base.endswith("/v1") else base) + "/slots"
+        root = base[:-3] if base.endswith("/v1") else base
+        self.url = root + "/slots"
+        self.metrics_url = root + "/metrics"
         self.interval_s = float(interval_s)
         self.max_age_s = float(max_age_s if max_age_s is not None else max(5 * interval_s, 2.0))
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -81,7 +128,8 @@ class SlotLoad:
         self._reading: SlotReading | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.supported: bool | None = None  # None until the server answered once
+        self.supported: bool | None = None  # /slots; None until the server answered once
+        self.metrics_supported: bool | None = None  # /metrics with a known queue family
 
     def start(self) -> SlotLoad:
         """Start the daemon thread (once); returns self."""
@@ -94,24 +142,60 @@ class SlotLoad:
         """Stop reading (the thread ends within one interval)."""
         self._stop.set()
 
-    def read_once(self, client: httpx.Client | None = None) -> SlotReading | None:
-        """Read ``/slots`` now and keep the reading; None when the server did not answer with one.
+    def _get(self, client: httpx.Client | None, url: str) -> httpx.Response:
+        if client is not None:
+            return client.get(url, headers=self._headers, timeout=2.0)
+        return httpx.get(url, headers=self._headers, timeout=2.0)
 
-        A 404 or a body that is not a list of slots marks the server as not supporting the route
-        (``supported`` False), and the background thread stops.
-        """
+    def _read_slots(self, client: httpx.Client | None) -> tuple[bool, SlotReading | None]:
+        """``(answered, reading)`` of ``/slots``; marks the route unsupported on a wrong answer."""
+        if self.supported is False:
+            return False, None
         try:
-            if client is not None:
-                r = client.get(self.url, headers=self._headers, timeout=2.0)
-            else:
-                r = httpx.get(self.url, headers=self._headers, timeout=2.0)
+            r = self._get(client, self.url)
             reading = parse_slots(r.json(), time.perf_counter()) if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            return None  # unreachable now: the last reading ages out
+        except httpx.HTTPError:
+            return False, None
+        except ValueError:
+            reading = None
         if reading is None:
             self.supported = False if self.supported is None else self.supported
-            return None
+            return True, None
         self.supported = True
+        return True, reading
+
+    def _read_metrics(self, client: httpx.Client | None) -> tuple[bool, tuple[int, int] | None]:
+        """``(answered, (running, waiting))`` of ``/metrics``; marks it unsupported when it is not
+        served or names no known queue family."""
+        if self.metrics_supported is False:
+            return False, None
+        try:
+            r = self._get(client, self.metrics_url)
+        except httpx.HTTPError:
+            return False, None
+        got = parse_queue_metrics(r.text) if r.status_code == 200 else None
+        if got is None:
+            self.metrics_supported = False if self.metrics_supported is None else self.metrics_supported
+            return True, None
+        self.metrics_supported = True
+        return True, got
+
+    def read_once(self, client: httpx.Client | None = None) -> SlotReading | None:
+        """Read ``/slots`` and ``/metrics`` now and keep the reading; None when the server gave
+        neither (it did not answer, or has neither route).
+
+        With both, ``busy`` comes from ``/slots`` and ``waiting`` from ``/metrics``; with
+        ``/metrics`` alone, ``busy`` holds one ``(0, -1)`` per running request.
+        """
+        _, slots = self._read_slots(client)
+        _, queue = self._read_metrics(client)
+        t = time.perf_counter()
+        if slots is not None:
+            reading = SlotReading(slots.total, slots.busy, slots.t, queue[1] if queue else 0)
+        elif queue is not None:
+            reading = SlotReading(0, [(0, -1)] * queue[0], t, queue[1])
+        else:
+            return None  # unreachable now (or neither route): the last reading ages out
         with self._lock:
             self._reading = reading
         return reading
@@ -128,6 +212,6 @@ class SlotLoad:
         with httpx.Client() as client:
             while not self._stop.is_set():
                 self.read_once(client)
-                if self.supported is False:
+                if self.supported is False and self.metrics_supported is False:
                     return
                 self._stop.wait(self.interval_s)

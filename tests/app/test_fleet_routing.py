@@ -246,6 +246,95 @@ def test_load_from_other_clients_shows_in_the_engine_s_predicted_wait(fleet: Ser
     assert fast.queue.engine_wait_ms() == 0.0
 
 
+LLAMA_METRICS = """# HELP llamacpp:requests_processing Number of requests processing.
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 1
+# HELP llamacpp:requests_deferred Number of requests deferred.
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 2
+"""
+VLLM_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+"""
+SGLANG_METRICS = """# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m"} 7.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m"} 1.0
+"""
+
+
+def test_queue_metrics_of_llama_cpp_vllm_and_sglang_are_read_and_anything_else_is_not() -> None:
+    from generation.remote_load import parse_queue_metrics
+
+    assert parse_queue_metrics(LLAMA_METRICS) == (1, 2)
+    assert parse_queue_metrics(VLLM_METRICS) == (5, 4)  # summed over label sets
+    assert parse_queue_metrics(SGLANG_METRICS) == (7, 1)
+    assert parse_queue_metrics("# TYPE other_gauge gauge\nother_gauge 3\n") is None
+    assert parse_queue_metrics("<html>not metrics</html>") is None
+
+
+def test_requests_an_engine_keeps_waiting_behind_its_slots_are_priced_as_foreign_work(
+        fleet: Services) -> None:
+    import time
+
+    from generation.remote_load import SlotReading
+
+    pipe = AnswerPipeline(fleet)
+    fast = pipe.engines["fast"]
+    pipe.prepare(AnswerRequest(QUESTION, ttft_budget_ms=60_000.0))  # starts its background reader
+    assert fast.load is not None
+    fast.sync_slots()
+    tpot = fast.profile().predict_tpot_ms(8192 // 2)
+    default_new = fleet.settings.default_max_new_tokens
+    # one slot decoding for another client (40 tokens to go) and two more of its requests queued
+    fast.load._reading = SlotReading(total=1, busy=[(24, 40)], t=time.perf_counter(), waiting=2)
+    try:
+        assert fast.predicted_wait_ms() == pytest.approx((40 + 2 * default_new) * tpot)
+        assert fast.status()["engine_waiting"] == 2
+        fast.load._reading = SlotReading(total=1, busy=[(24, 40)], t=time.perf_counter(), waiting=0)
+        assert fast.predicted_wait_ms() == pytest.approx(40 * tpot)
+    finally:
+        fast.load._reading = None
+
+
+class _MetricsOnly(http.server.BaseHTTPRequestHandler):
+    """A server with vLLM's ``/metrics`` and no ``/slots`` (404)."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path == "/metrics":
+            body = VLLM_METRICS.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self.send_error(404)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_an_engine_with_metrics_and_no_slots_route_is_read_from_its_metrics() -> None:
+    from generation.remote_load import SlotLoad
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _MetricsOnly)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        load = SlotLoad(f"http://127.0.0.1:{server.server_address[1]}/v1", 0.05)
+        reading = load.read_once()
+        assert reading is not None and load.supported is False and load.metrics_supported is True
+        assert (reading.total, reading.busy, reading.waiting) == (0, [(0, -1)] * 5, 4)
+        assert load.reading() == reading
+    finally:
+        server.shutdown()
+
+
 def test_engines_out_of_rotation_get_nothing_and_none_left_is_engine_unavailable(
         fleet: Services) -> None:
     pipe = AnswerPipeline(fleet)

@@ -156,13 +156,16 @@ def test_answers_spread_over_both_engines_each_on_its_own_profile_and_foreign_lo
         assert body["plan"]["profile_id"] == fitted[r.predicted.engine_id].id
         assert {p["engine_id"] for p in body["plan"]["fleet"]["predictions"]} == {"a", "b"}
 
-    # another client floods engine a directly: its /slots shows the busy slot, priced as wait
+    # another client floods engine a directly: its /slots shows the busy slot and its /metrics
+    # the request queued behind it (llamacpp:requests_deferred), both priced as wait
     stop = threading.Event()
     flood = _flood(servers["a"], stop)
     try:
         a = pipe.engines["a"]
         assert a.load is not None
-        assert _wait_for(lambda: (r := a.load.reading()) is not None and len(r.busy) == 1)
+        assert _wait_for(lambda: (r := a.load.reading()) is not None and len(r.busy) == 1
+                         and r.waiting == 1)
+        assert a.load.supported and a.load.metrics_supported
         assert a.predicted_wait_ms() > 0.0
         got = [_answer(pipe) for _ in range(3)]
         assert [(g.status, g.predicted.engine_id) for g in got] == [("ok", "b")] * 3, [
