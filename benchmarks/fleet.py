@@ -48,21 +48,9 @@ ALIAS = "smollm2-135m-instruct-q4_1"
 
 def _flood(url: str, stop: threading.Event) -> list[threading.Thread]:
     """Two client threads sending long completions straight to ``url`` until ``stop``."""
-    import httpx
+    from ragbudget_testing.llama_server import flood
 
-    def run() -> None:
-        while not stop.is_set():
-            try:
-                httpx.post(f"{url}/completions", timeout=300.0,
-                           json={"model": ALIAS, "prompt": "Write a long maintenance report.",
-                                 "max_tokens": 256, "ignore_eos": True})
-            except httpx.HTTPError:
-                time.sleep(0.2)
-
-    threads = [threading.Thread(target=run, daemon=True) for _ in range(2)]
-    for t in threads:
-        t.start()
-    return threads
+    return flood(url, stop, model=ALIAS, max_tokens=256)
 
 
 def run_arm(pipe: Any, arm: str, fixed_k: dict[float, int], questions: list[str], budgets: list[float],

@@ -22,6 +22,7 @@ import os
 import re
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -213,3 +214,29 @@ class NativeLlamaServer(LlamaCppServer):
     def metrics(self) -> str:
         """``GET /metrics``: the server's Prometheus text."""
         return httpx.get(f"{self.root_url}/metrics", timeout=5.0).text
+
+
+def flood(base_url: str, stop: threading.Event, *, model: str, max_tokens: int = 200,
+          clients: int = 2, timeout_s: float = 300.0) -> list[threading.Thread]:
+    """Another client that bypasses ragbudget: ``clients`` daemon threads, each sending long
+    completions (``max_tokens`` tokens, ``ignore_eos``) straight to ``base_url``
+    (``.../v1``) back to back until ``stop`` is set. With two clients on a one-slot server one
+    request runs and the other waits behind it, so the slot never idles between them.
+
+    Returns the started threads (join them after setting ``stop``). A request that fails
+    (server down) is retried after 0.2 s.
+    """
+
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                httpx.post(f"{base_url}/completions", timeout=timeout_s,
+                           json={"model": model, "prompt": "Write a long maintenance report.",
+                                 "max_tokens": max_tokens, "ignore_eos": True})
+            except httpx.HTTPError:
+                time.sleep(0.2)
+
+    threads = [threading.Thread(target=run, daemon=True, name="flood") for _ in range(clients)]
+    for t in threads:
+        t.start()
+    return threads

@@ -47,6 +47,21 @@ def llama_server_python() -> Path:
 
 
 @pytest.fixture(scope="session")
+def llama_server_native_binary() -> Path:
+    """llama.cpp's native ``llama-server`` binary; skipped when it is not built (failed instead
+    under ``RAGBUDGET_REQUIRE_ENGINE=1``, as the test command sets once it built it)."""
+    from foundation.errors import InvalidConfig
+    from ragbudget_testing.llama_server import llama_server_binary
+
+    try:
+        return llama_server_binary()
+    except InvalidConfig as exc:
+        if os.environ.get("RAGBUDGET_REQUIRE_ENGINE") == "1":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
 def llama_server(llama_server_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The packaged SmolLM2 GGUF served by llama.cpp on loopback, 2 threads, for the whole session."""
     from generation.assets import packaged_gguf_path

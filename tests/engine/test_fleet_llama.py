@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.engine.conftest import ALIAS, DOCS
@@ -28,18 +27,13 @@ QUESTION = "When is the circulation pump inspected?"
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def servers(tmp_path_factory: pytest.TempPathFactory,
+            llama_server_native_binary: Path) -> Iterator[dict[str, Any]]:
     """Engines ``a`` and ``b``: one llama-server each, 1 slot, 1 thread, pinned to cores 0 and 1."""
-    from foundation.errors import InvalidConfig
     from generation.assets import packaged_gguf_path
-    from ragbudget_testing.llama_server import NativeLlamaServer, llama_server_binary
+    from ragbudget_testing.llama_server import NativeLlamaServer
 
-    try:
-        binary = llama_server_binary()
-    except InvalidConfig as exc:
-        if os.environ.get("RAGBUDGET_REQUIRE_ENGINE") == "1":
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
+    binary = llama_server_native_binary
     root = tmp_path_factory.mktemp("fleet-llama")
     cores = sorted(os.sched_getaffinity(0))
     out: dict[str, Any] = {}
@@ -98,24 +92,12 @@ def _answer(pipe: Any, **kw: Any) -> Any:
     return pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=BUDGET_MS, max_new_tokens=8, **kw))
 
 
-def _flood(server: Any, stop: threading.Event) -> threading.Thread:
-    """A client that bypasses ragbudget: long completions sent straight to ``server`` until ``stop``,
-    two at a time (the server queues the second, so its one slot never idles between them)."""
+def _flood(server: Any, stop: threading.Event) -> list[threading.Thread]:
+    """Another client, bypassing ragbudget, keeping ``server``'s one slot busy and one request
+    queued behind it (:func:`ragbudget_testing.llama_server.flood`)."""
+    from ragbudget_testing.llama_server import flood
 
-    def run() -> None:
-        while not stop.is_set():
-            try:
-                httpx.post(f"{server.base_url}/completions", timeout=120.0,
-                           json={"model": ALIAS, "prompt": "Write a long maintenance report.",
-                                 "max_tokens": 200, "ignore_eos": True})
-            except httpx.HTTPError:
-                time.sleep(0.2)
-
-    second = threading.Thread(target=run, daemon=True)
-    second.start()
-    thread = threading.Thread(target=lambda: (run(), second.join(120)), daemon=True)
-    thread.start()
-    return thread
+    return flood(server.base_url, stop, model=ALIAS, max_tokens=200)
 
 
 def _wait_for(cond: Any, timeout_s: float = 30.0) -> bool:
@@ -172,7 +154,8 @@ def test_answers_spread_over_both_engines_each_on_its_own_profile_and_foreign_lo
             (g.status, g.error, g.predicted) for g in got]
     finally:
         stop.set()
-        flood.join(120)
+        for t in flood:
+            t.join(120)
     assert verify_chain(pipe.services.engine).ok
 
 
@@ -198,7 +181,8 @@ def test_an_engine_killed_is_taken_out_its_answer_retried_elsewhere_and_it_rejoi
         assert _answer(pipe).predicted.engine_id == "b"
     finally:
         stop.set()
-        flood.join(120)
+        for t in flood:
+            t.join(120)
     servers["a"].start()  # same port: the background probe finds it
     assert _wait_for(lambda: a.healthy, 60.0)
     assert verify_chain(pipe.services.engine).ok

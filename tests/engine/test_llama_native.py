@@ -24,18 +24,12 @@ N_CTX = 4096 * SLOTS  # the server splits its context over the slots
 
 
 @pytest.fixture(scope="module")
-def native(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def native(tmp_path_factory: pytest.TempPathFactory, llama_server_native_binary: Path) -> Iterator[Any]:
     """The packaged SmolLM2 GGUF on llama.cpp's native server with two slots, 2 threads."""
-    from foundation.errors import InvalidConfig
     from generation.assets import packaged_gguf_path
-    from ragbudget_testing.llama_server import NativeLlamaServer, llama_server_binary
+    from ragbudget_testing.llama_server import NativeLlamaServer
 
-    try:
-        binary = llama_server_binary()
-    except InvalidConfig as exc:
-        if os.environ.get("RAGBUDGET_REQUIRE_ENGINE") == "1":
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
+    binary = llama_server_native_binary
     log = tmp_path_factory.mktemp("llama-native") / "server.log"
     with NativeLlamaServer(packaged_gguf_path(), log, alias=ALIAS, n_ctx=N_CTX, threads=2,
                            parallel=SLOTS, binary=binary) as server:
