@@ -27,6 +27,7 @@ from app.api import (
     routes_chat,
     routes_completions,
     routes_documents,
+    routes_engines,
     routes_health,
     routes_keys,
     routes_latency,
@@ -52,6 +53,7 @@ log = logging.getLogger("ragbudget")
 # Every router, registered explicitly: a missing module is an ImportError at start, never
 # a silently absent endpoint.
 ROUTERS: tuple[APIRouter, ...] = (
+    routes_engines.router,
     routes_health.router,
     routes_documents.router,
     routes_retrieval.router,

@@ -55,6 +55,7 @@ ROUTE_ROLES: dict[tuple[str, str], str] = {
     ("GET", "/v1/receipts"): "operator",
     ("GET", "/v1/receipts/{receipt_id}"): "operator",
     ("POST", "/v1/receipts/{receipt_id}/replay"): "operator",
+    ("GET", "/v1/engines"): "operator",  # engines' addresses, health and load
     # admin: change the corpus, manage keys
     ("POST", "/v1/documents"): "admin",
     ("DELETE", "/v1/documents/{document_id:path}"): "admin",

@@ -510,3 +510,33 @@ def test_calibrate_times_the_engine_it_is_given(fleet: Services) -> None:
     with pytest.raises(NotFound) as err:
         calibrate_profile(fleet, quick=True, cached_tokens=[], progress=False, save=False, engine="gone")
     assert err.value.code == "unknown_engine"
+
+
+def test_engines_route_lists_every_engine_with_its_health_queue_and_other_clients_load(
+        fleet: Services) -> None:
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from app.api.app import create_app
+    from generation.remote_load import SlotReading
+
+    app = create_app(services=fleet)
+    with TestClient(app) as client:
+        pipe = app.state.pipeline
+        got = client.get("/v1/engines")
+        assert got.status_code == 200, got.text
+        assert [e["id"] for e in got.json()] == ["fast", "slow"]
+        assert {e["healthy"] for e in got.json()} == {True}
+        client.post("/v1/advise", json={"question": QUESTION, "ttft_budget_ms": 60_000.0})
+        fast = pipe.engines["fast"]
+        fast.sync_slots()
+        assert fast.load is not None
+        fast.load._reading = SlotReading(total=1, busy=[(0, 10)], t=time.perf_counter(), waiting=1)
+        pipe.engines["slow"].health.mark_down("refused")
+        body = {e["id"]: e for e in client.get("/v1/engines").json()}
+        assert (body["fast"]["engine_busy"], body["fast"]["engine_waiting"]) == (1, 1)
+        assert body["fast"]["foreign_busy"] == 2 and body["fast"]["predicted_wait_ms"] > 0.0
+        assert body["fast"]["profile_id"] == fast.profile().id
+        assert (body["slow"]["healthy"], body["slow"]["down_reason"]) == (False, "refused")
+        fast.load._reading = None
