@@ -222,6 +222,7 @@ def test_completions_answer_a_prompt_as_one_user_turn(compat: KeyedApp) -> None:
     assert got["usage"]["completion_tokens"] == 12
     assert got["usage"]["total_tokens"] == got["usage"]["prompt_tokens"] + 12
     assert r.headers["X-Ragbudget-Receipt-Id"] == got["ragbudget"]["receipt_id"]
+    assert got["id"] == f"cmpl-{got['ragbudget']['receipt_id']}"  # the id leads to the receipt
     body = get_receipt(compat.services.engine, got["ragbudget"]["receipt_id"])
     assert body["request"]["messages"] == [{"role": "user", "content": Q}] and body["question"] == Q
     # the same answer path as a chat with that one user message: the same prompt
