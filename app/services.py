@@ -215,6 +215,7 @@ def build_generator(settings: Settings, services: Services, engine: EngineConfig
                              threads=settings.torch_threads, stop_token_ids=stop_ids,
                              max_running=settings.generator_max_running,
                              step_token_budget=settings.generator_step_token_budget,
-                             prefill_chunk=settings.generator_prefill_chunk)
+                             prefill_chunk=settings.generator_prefill_chunk,
+                             prefix_cache_mib=settings.generator_prefix_cache_mib)
     gen.identity["chat_template"] = builder.describe()
     return gen

@@ -116,6 +116,11 @@ class Settings(BaseSettings):
     generator_prefill_chunk: int = Field(256, ge=1, le=65536, description="Local engine: prefill "
                                          "chunk size in tokens (recorded in receipts; replay reuses "
                                          "the recorded one).")
+    generator_prefix_cache_mib: float = Field(256, ge=0, le=1 << 20, description="Local engine: "
+                                              "memory budget of the prefix KV cache, MiB (K/V of "
+                                              "token blocks shared by answers: the scaffold, "
+                                              "leading chunks, earlier turns; least recently used "
+                                              "leaf blocks are evicted first; 0 keeps nothing).")
     remote_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. "
                                         "http://127.0.0.1:8001/v1 (vLLM, SGLang).")
     remote_model: str | None = None

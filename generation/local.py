@@ -36,7 +36,7 @@ from generation.base import (
     TokenEvent,
 )
 from generation.engine.core import Engine
-from generation.engine.kv_cache import PrefixKVCache, SeqKV
+from generation.engine.kv_cache import DEFAULT_PREFIX_CACHE_MIB, BlockPrefixCache, SeqKV
 from generation.engine.messages import Admitted, Finished, StepRecord
 from generation.engine.request import Request
 from generation.engine.scheduler import MIN_ROWS, ROW_MULTIPLE, schedule
@@ -91,7 +91,8 @@ class LocalGenerator:
         model_id: name recorded in receipts (default: the directory name).
         device, dtype: see :func:`resolve_device_dtype`.
         threads: ``torch.set_num_threads`` (process-wide), recorded in ``identity``.
-        prefix_cache_capacity: scaffolds kept in the prefix KV cache.
+        prefix_cache_mib: memory budget of the prefix KV cache over token blocks, MiB
+            (:class:`generation.engine.kv_cache.BlockPrefixCache`; 0 keeps nothing).
         stop_token_ids: ids that end an answer besides the model's EOS set (the chat
             template's end-of-turn token, e.g. Gemma's ``<end_of_turn>`` when the
             model's generation config lists only ``<eos>``).
@@ -109,7 +110,7 @@ class LocalGenerator:
 
     def __init__(self, model_dir: Path | str, *, tokenizer: TextTokenizer | None = None,
                  model_id: str | None = None, device: str = "auto", dtype: str = "auto",
-                 threads: int = 2, prefix_cache_capacity: int = 4,
+                 threads: int = 2, prefix_cache_mib: float = DEFAULT_PREFIX_CACHE_MIB,
                  stop_token_ids: list[int] | None = None, max_running: int = 8,
                  step_token_budget: int = 256, prefill_chunk: int = 256) -> None:
         import torch
@@ -165,14 +166,16 @@ class LocalGenerator:
             "software": {"python": platform.python_version(), "torch": torch.__version__,
                          "transformers": transformers.__version__},
         }
-        self.prefix_cache = PrefixKVCache(self.model_id + "@" + self.identity["weights_hash"],
-                                          self.device, self.dtype, prefix_cache_capacity)
+        self.prefix_cache = BlockPrefixCache(self.model_id + "@" + self.identity["weights_hash"],
+                                             self.device, self.dtype, chunk=prefill_chunk,
+                                             budget_mib=prefix_cache_mib)
         self._lock = threading.Lock()
         self._local = threading.local()
         self._last_any: GenerationStats | None = None
         self.engine = Engine(self.model, self.device, self._lock, self._prefix_lookup,
                              self._prefix_store, max_running, step_token_budget, fixed_rows,
-                             prefix_known=self.prefix_cached, threads=threads)
+                             prefix_known=self.prefix_cached, threads=threads,
+                             prefix_cache=self.prefix_cache)
 
     @property
     def max_running(self) -> int:

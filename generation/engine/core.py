@@ -33,15 +33,18 @@ in the step, or when it arrived), established as follows:
   that depend only on the answer itself (its chunk length and position).
 * Prefill chunk boundaries are a pure function of the prompt: the scaffold
   prefix ``[0, P)`` in chunks of ``prefill_chunk`` from 0, the rest ``[P, N)``
-  in chunks of ``prefill_chunk`` from ``P``; a cached scaffold is exactly the KV
-  those chunks produce, so a cache hit and a miss compute the same bits.
+  in chunks of ``prefill_chunk`` from ``P``. The prefix cache's blocks are these
+  chunks (the scaffold one block, then each full chunk after it,
+  :mod:`generation.engine.kv_cache`): a cached chain is exactly the KV those chunks
+  produce, and an answer that loads it resumes at a chunk boundary of its own cold
+  run, so a cache hit (at any block boundary) and a miss compute the same bits.
   ``prefill_chunk`` is recorded in the generator identity (receipts).
 
 Failure isolation: after the forward, each answer's logits row is turned into its token on
 its own (``Engine._choose``); an exception there (its sampling failed) ends that answer
 alone with the error, while the other rows of the step, already computed, go on exactly as
 they would without it. The same holds for an answer's admission (its KV buffer, its prefix
-cache lookup) and for storing its scaffold in the prefix cache. Only a failure of the
+cache lookup) and for storing its blocks in the prefix cache. Only a failure of the
 forward itself ends every answer in the step.
 
 The attention over each answer's own KV buffer is
@@ -60,7 +63,7 @@ from collections.abc import Callable
 from typing import Any
 
 from foundation.compute import compute
-from generation.engine.kv_cache import KVCache
+from generation.engine.kv_cache import BlockPrefixCache, KVCache
 from generation.engine.messages import (
     Admitted,
     BatchSnapshot,
@@ -103,9 +106,10 @@ class Engine:
             :data:`generation.packed_attention.ATTN_NAME`.
         device: torch device string.
         lock: the model lock (held for each step; calibration timers hold it too).
-        prefix_lookup: ``prefix_ids -> (kv dict, last_logits) | None``.
-        prefix_store: ``(prefix_ids, kv dict, last_logits) -> None``.
-        prefix_known: ``prefix_ids -> bool``, whether the prefix cache holds them now (read by
+        prefix_lookup: ``prefix_ids -> (kv dict, last_logits) | None``: a private scaffold
+            store, used only without ``prefix_cache`` (the calibration timers' engines).
+        prefix_store: ``(prefix_ids, kv dict, last_logits) -> None`` (the same store).
+        prefix_known: ``prefix_ids -> bool``, whether that store holds them now (read by
             :meth:`batch_snapshot` for answers not admitted yet); None: not known.
         max_running: answers in the running batch at most.
         step_token_budget: tokens per step at most (decode tokens + prefill chunks), except
@@ -115,6 +119,9 @@ class Engine:
         threads: torch intra-op threads every forward runs at, set on the compute thread when
             it differs (another model of the process may have set its own); None leaves the
             thread's count as it is.
+        prefix_cache: the shared prefix cache over token blocks
+            (:class:`generation.engine.kv_cache.BlockPrefixCache`): each answer loads the
+            longest cached chain of its blocks at admission and stores every block it computes.
     """
 
     def __init__(self, model: Any, device: str, lock: threading.Lock,
@@ -122,10 +129,10 @@ class Engine:
                  prefix_store: Callable[[list[int], Any, Any], None],
                  max_running: int, step_token_budget: int, fixed_rows: int | None = None,
                  prefix_known: Callable[[list[int]], bool] | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, prefix_cache: BlockPrefixCache | None = None) -> None:
         self.lock = lock
         self.runner = ModelRunner(model, device, fixed_rows, threads)
-        self.kv_cache = KVCache(prefix_lookup, prefix_store, prefix_known)
+        self.kv_cache = KVCache(prefix_lookup, prefix_store, prefix_known, prefix_cache)
         self.max_running, self.step_token_budget = max_running, step_token_budget
         self._state = threading.RLock()  # guards the queues; re-entered by _cancel_all
         self._orders = itertools.count()  # prefill order: reserved at grant or taken at submit
@@ -197,8 +204,9 @@ class Engine:
         stops at an end-of-text token), and each answer admitted or waiting that is still
         prefilling (:class:`Prefilling`: prompt tokens left, next position, max_new, order), in
         prefill order (:func:`generation.engine.scheduler.schedule`). An answer not admitted
-        yet starts after its scaffold when the prefix cache holds it (``prefix_known``), else
-        from position 0. Read by ``app.plan_bands`` for ``latency_model.step_model.BatchedBand``."""
+        yet starts after the longest chain of its blocks the prefix cache holds now
+        (:meth:`cached_tokens`), else from position 0. Read by ``app.plan_bands`` for
+        ``latency_model.step_model.BatchedBand``."""
         with self._state:
             seqs = [s for s in [*self._running, *self._waiting] if not s.done]
             decoding = tuple(Decoding(s.pos, max(s.max_new - s.produced, 0))
@@ -208,11 +216,18 @@ class Engine:
         out: list[Prefilling] = []
         for seq, n, pos, max_new, waiting, order in sorted(prefilling, key=lambda e: e[5]):
             # The cache has its own lock: asked outside _state.
-            if (waiting and pos == 0 and 0 < seq.prefix_len < n
-                    and self.kv_cache.holds(seq.prompt[:seq.prefix_len])):
-                pos = seq.prefix_len
+            if waiting and pos == 0:
+                pos = self.kv_cache.cached_tokens(seq.prompt, seq.prefix_len, seq.chunk)
             out.append(Prefilling(n - pos, pos, max_new, order))
         return BatchSnapshot(decoding, tuple(out))
+
+    def cached_tokens(self, prompt: list[int], prefix_len: int, chunk: int) -> int:
+        """Tokens of ``prompt`` (scaffold ``prompt[:prefix_len]``, prefilled in chunks of
+        ``chunk``) that an answer admitted now would take from the prefix cache: the end of
+        the longest cached chain of its blocks, 0 when none (a whole prompt only when the
+        next-token logits after it are cached too). Nothing is pinned: an eviction before
+        the answer is admitted makes it compute more."""
+        return self.kv_cache.cached_tokens(prompt, prefix_len, chunk)
 
     def recent_steps(self) -> list[StepRecord]:
         """The last :data:`STEP_LOG` timed steps, oldest first: what the machine is doing now
@@ -291,10 +306,11 @@ class Engine:
 
     def _admit(self, seq: Request) -> None:
         admitted_t = time.perf_counter()
-        got = self.kv_cache.admit(seq.prompt, seq.prefix_len, seq.max_new)
+        got = self.kv_cache.admit(seq.prompt, seq.prefix_len, seq.max_new, seq.chunk)
         with self._state:  # batch_snapshot sees the answer before admission or after, never half-way
             seq.admitted_t, seq.kv = admitted_t, got.kv
             seq.pos, seq.cached_tokens = got.cached_tokens, got.cached_tokens
+            seq.blocks, seq.cached_blocks = got.plan, got.cached_blocks
             if got.first_logits is not None:
                 seq.first_logits = got.first_logits
         seq.out.put(Admitted(admitted_t, got.cached_tokens))
@@ -303,11 +319,11 @@ class Engine:
         """One step of exactly the admitted answers ``live`` on the caller's thread (the compute
         thread, model lock held): ``plan = schedule(live)``, ``logits = runner.run(plan, live)``,
         then :meth:`_update` (positions, scaffolds stored, tokens emitted); logged in
-        :meth:`recent_steps`. A prompt that is exactly a cached scaffold takes its first token
-        from the cache's logits first. Raises whatever the forward raises (every answer in
+        :meth:`recent_steps`. A prompt the prefix cache held whole takes its first token from
+        the cache's logits first. Raises whatever the forward raises (every answer in
         the step ends with it: :meth:`step_once`)."""
         t0 = time.perf_counter()
-        for seq in live:  # a prompt that is exactly a cached prefix: first token from its logits
+        for seq in live:  # a prompt cached whole: first token from the cached logits
             if seq.first_logits is not None:
                 logits, seq.first_logits = seq.first_logits, None
                 self._choose(seq, logits)
@@ -325,27 +341,38 @@ class Engine:
             self._log.append(record)
 
     def _update(self, plan: StepPlan, live: list[Request], logits: Any) -> None:
-        """After the forward: each answer's position moves past its chunk; a chunk that ends an
-        uncached scaffold stores it in the prefix cache; an answer whose prompt is done gets its
+        """After the forward: each answer's position moves past its chunk; a chunk that
+        completes one of its blocks not loaded from the prefix cache stores it there (with the
+        chunk's logits row when the step computed one); an answer whose prompt is done gets its
         next token from its own logits row (``logits``: ``(plan.logit_rows, vocab)``)."""
         row = 0
         for item in plan.chunks:
             seq = live[item.index]
             seq.pos = item.start + item.tokens
-            if not item.needs_logits:
-                continue
-            lg = logits[row]  # (vocab,)
-            row += 1
-            if seq.pos == seq.prefix_len and seq.cached_tokens == 0 and seq.prefix_len:
-                assert seq.kv is not None
+            lg = None
+            if item.needs_logits:
+                lg = logits[row]  # (vocab,)
+                row += 1
+            if not item.decode:
                 try:
-                    self.kv_cache.store_prefix(seq.prompt, seq.prefix_len, seq.kv, lg)
-                except Exception as exc:  # storing this answer's scaffold failed: it alone ends
+                    self._store(seq, lg)
+                except Exception as exc:  # storing this answer's KV failed: it alone ends
                     self._finish(seq, "error", exc)
                     continue
-            if seq.in_prefill():
+            if lg is None or seq.in_prefill():
                 continue
             self._choose(seq, lg)
+
+    def _store(self, seq: Request, lg: Any) -> None:
+        """Store what ``seq``'s chunk just completed: the block ending at ``seq.pos`` (block
+        cache), or its uncached scaffold (private store)."""
+        assert seq.kv is not None
+        if seq.blocks is not None:
+            index = seq.blocks.ending_at(seq.pos)
+            if index is not None and index >= seq.cached_blocks:
+                self.kv_cache.store_block(seq.kv, seq.blocks, index, lg)
+        elif seq.pos == seq.prefix_len and seq.cached_tokens == 0 and seq.prefix_len and lg is not None:
+            self.kv_cache.store_prefix(seq.prompt, seq.prefix_len, seq.kv, lg)
 
     def _choose(self, seq: Request, logits: Any) -> None:
         """Pick and route ``seq``'s next token from its own logits row ``(vocab,)``. Whatever

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from generation.engine.kv_cache import SeqKV
+from generation.engine.kv_cache import BlockPlan, SeqKV
 from generation.engine.messages import EngineEvent
 from generation.engine.scheduler import next_chunk
 
@@ -17,9 +17,11 @@ from generation.engine.scheduler import next_chunk
 class Request:
     """One answer inside the engine.
 
-    ``prompt[:prefix_len]`` is the scaffold: looked up in (and, on a miss, added to) the
-    prefix cache. Events go to ``out`` (:mod:`generation.engine.messages`): ``Admitted`` when
-    it joins the batch, a ``Token`` per token, a final ``Finished``.
+    ``prompt[:prefix_len]`` is the scaffold, the first block of its chain in the prefix cache
+    (``generation.engine.kv_cache``); ``blocks`` are its blocks (set at admission, with the
+    block cache) and ``cached_blocks`` how many of them were loaded from the cache. Events go
+    to ``out`` (:mod:`generation.engine.messages`): ``Admitted`` when it joins the batch, a
+    ``Token`` per token, a final ``Finished``.
 
     ``select`` turns the answer's logits row ``(vocab,)`` into its next token id; while fewer
     than ``min_new`` tokens were produced, the ``eos`` ids are masked out of that row first
@@ -47,6 +49,8 @@ class Request:
     admitted_t: float | None = None
     first_logits: Any = None  # set when a prefix-only prompt takes the cache's logits
     order: int | None = None  # prefill order (Engine.reserve_order, or set at submit)
+    blocks: BlockPlan | None = None  # its prefix-cache blocks (set at admission)
+    cached_blocks: int = 0  # of which loaded from the cache
 
     @property
     def prompt_len(self) -> int:

@@ -200,20 +200,23 @@ def test_an_answer_whose_admission_or_scaffold_store_fails_ends_alone(
     computed scaffold) fails for one answer: that answer ends with the error, the greedy
     answer admitted in the same step ends as it does alone."""
     engine = tiny.engine
-    lookup, store = engine.kv_cache.lookup, engine.kv_cache.store
+    blocks = engine.kv_cache.blocks
+    blocks.clear()  # the faulty scaffold must be computed (and so stored) here
+    plan, insert = blocks.plan, blocks.insert
+    fault_key = plan([8, 9, 10], 2, tiny.prefill_chunk).keys[0]  # [8, 9]'s scaffold block
 
-    def failing_lookup(ids: list[int]) -> Any:
-        if ids == [5, 6]:
+    def failing_plan(ids: list[int], prefix_len: int, chunk: int) -> Any:
+        if ids[:2] == [5, 6]:
             raise RuntimeError("prefix cache lookup fault")
-        return lookup(ids)
+        return plan(ids, prefix_len, chunk)
 
-    def failing_store(ids: list[int], kv: Any, logits: Any) -> None:
-        if ids == [8, 9]:
+    def failing_insert(key: str, *args: Any) -> bool:
+        if key == fault_key:
             raise RuntimeError("prefix cache store fault")
-        store(ids, kv, logits)
+        return insert(key, *args)
 
-    monkeypatch.setattr(engine.kv_cache, "lookup", failing_lookup)
-    monkeypatch.setattr(engine.kv_cache, "store", failing_store)
+    monkeypatch.setattr(blocks, "plan", failing_plan)
+    monkeypatch.setattr(blocks, "insert", failing_insert)
     greedy = tiny._sequence(GREEDY_PROMPT, 0, GenParams(MAX_NEW))
     no_admit = tiny._sequence([5, 6, 7], 2, GenParams(MAX_NEW))
     no_store = tiny._sequence([8, 9, 10], 2, GenParams(MAX_NEW))

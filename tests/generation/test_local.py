@@ -171,7 +171,7 @@ def test_calibration_timers_return_milliseconds(g: Any) -> None:
     assert g.prefill_ms(48, 0) > 0 and g.prefill_ms(48, 32) > 0 and g.decode_step_ms(48) > 0
     with pytest.raises(InvalidInput):  # no decode step fits after window - 1 tokens
         g.decode_step_ms(g.context_window - 1)
-    assert len(g.prefix_cache) <= g.prefix_cache.capacity
+    assert g.prefix_cache.bytes_used <= g.prefix_cache.budget_bytes
 
 
 def test_prefill_timer_times_a_scaffold_miss_and_refuses_a_bad_boundary(g: Any) -> None:
