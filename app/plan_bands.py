@@ -65,7 +65,7 @@ Entry = Prefilling
 
 
 def _prefill_order(entry: Prefilling) -> float:
-    """Sort key of a prefill ahead: its reserved order; an entry without one (a snapshot of
+    """Sort key of a prefill ahead: its engine prefill order; an entry without one (a snapshot of
     an engine that reports none) keeps its place before those with one."""
     return float(entry.order) if entry.order is not None else -1.0
 
