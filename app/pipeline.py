@@ -666,11 +666,11 @@ class AnswerPipeline:
                     prepared = replace(prepared, granted_band=joined)
                     if reject:
                         self._check_reachable(prepared, prepared.plan.overhead_ms, 0.0, "granted")
-                    state.granted_t = time.perf_counter()
                     stream, refused = self._start(gen, prepared, params, cancel)
                     self.arrivals.left(arrival_key)  # now counted among the prefills granted
                 # Before the first token is read, outside queue_ms (inside ttft_ms).
                 receipt_id = self.receipts.open_journal(prepared, params, state)
+                state.granted_t = self._granted_t(stream)
             except BaseException:
                 if stream is not None:
                     stream.close()
@@ -780,6 +780,15 @@ class AnswerPipeline:
             return None, exc
         return stream, None
 
+    @staticmethod
+    def _granted_t(stream: TokenStream | None) -> float:
+        """When the model was granted to the answer of ``stream``, ``perf_counter`` seconds (where
+        its measured prefill starts): when its engine took it (``accepted_t``: the local engine,
+        at ``stream()``), else now, just before its first ``next()`` (a remote server)."""
+        if stream is not None and stream.accepted_t is not None:
+            return stream.accepted_t
+        return time.perf_counter()
+
     def _elsewhere(self, p: Prepared, failed: FleetEngine, params: GenParams, cancel: threading.Event,
                    arrival_key: int | None, state: InFlight) -> _Moved | None:
         """Move ``p``, whose stream died before its first token on ``failed`` (out of rotation now),
@@ -818,8 +827,8 @@ class AnswerPipeline:
                 moved = self.bind(moved, arrival_key=arrival_key)
                 ticket.prefill_ms = self._ticket(moved).prefill_ms
                 moved = replace(moved, granted_band=engine.bands.batched(moved.profile, moved.profile))
-                state.granted_t = time.perf_counter()
                 stream, refused = self._start(engine.generator, moved, params, cancel)
+                state.granted_t = self._granted_t(stream)
         except BaseException:
             slot.__exit__(None, None, None)
             raise

@@ -240,12 +240,16 @@ class TokenStream(Iterator[TokenEvent]):
         stats: the :class:`GenerationStats` of this answer once the stream has ended (run out,
             raised, or closed); ``None`` before, and when the backend ended it before starting
             it (a remote stream closed before its first ``next()``).
+        accepted_t: ``time.perf_counter()`` when a backend that queues answers itself (the local
+            engine) took this one, at the ``stream()`` call; ``None`` for a backend that starts
+            the answer at the first ``next()``.
 
     Raises (from the constructor): what the body raises before its first ``yield``.
     """
 
     def __init__(self, body: Callable[[TokenStream], StreamBody]) -> None:
         self.stats: GenerationStats | None = None
+        self.accepted_t: float | None = None
         self._body = body(self)
         self._ahead: TokenEvent | None = None
         self._ended = False

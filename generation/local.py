@@ -411,6 +411,7 @@ class LocalGenerator:
                 return
             self.engine.submit(seq)
             submitted = True
+            stream.accepted_t = time.perf_counter()
             yield None  # accepted: in the engine's queue when stream() returns
             index = 0
             while True:

@@ -163,21 +163,21 @@ class StepGenerator(EchoGenerator):
 
     def stream(self, prompt_ids: list[int], *, cached_prefix_ids: list[int] | None = None,
                params: GenParams, cancel: threading.Event | None = None,
-               messages: list[dict[str, str]] | None = None) -> Iterator[TokenEvent]:
-        inner = super().stream(prompt_ids, cached_prefix_ids=cached_prefix_ids, params=params,
-                               cancel=cancel, messages=messages)
-        prefix = tuple(cached_prefix_ids or ())
-        cached = len(prefix) if prefix and prefix in self._cached else 0
-        n = len(prompt_ids)
-        delays = iter([self.slow * self.true_prefill_ms(n, cached)])
+               messages: list[dict[str, str]] | None = None,
+               prefill_chunk: int | None = None) -> TokenStream:
+        def events(inner: TokenStream) -> Iterator[TokenEvent]:
+            prefix = tuple(cached_prefix_ids or ())
+            cached = len(prefix) if prefix and prefix in self._cached else 0
+            n = len(prompt_ids)
+            delays = iter([self.slow * self.true_prefill_ms(n, cached)])
 
-        def delay() -> float:
-            return next(delays, self.step_ms(n))
+            def delay() -> float:
+                return next(delays, self.step_ms(n))
 
-        try:
             yield from _delayed(inner, delay)
-        finally:
-            inner.close()
+
+        return wrapped(super().stream(prompt_ids, cached_prefix_ids=cached_prefix_ids, params=params,
+                                      cancel=cancel, messages=messages), events)
 
 
 def _delayed(events: Iterator[TokenEvent], delay_ms: Any) -> Iterator[TokenEvent]:
