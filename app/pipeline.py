@@ -65,7 +65,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -97,7 +97,7 @@ from app.validation import (
     check_question,
 )
 from foundation.errors import BudgetUnreachable, ContextLengthExceeded, RagBudgetError, Unavailable
-from generation.base import ON_SUBMIT, PREFILL_ORDER, GenerationStats, GenParams, TokenEvent
+from generation.base import GenParams, TokenStream
 from generation.stopping import StopMatcher
 from latency_model.fleet import EngineView, FleetChoice, choose
 from latency_model.planner import Plan, PrefillBand
@@ -107,6 +107,11 @@ if TYPE_CHECKING:
     from app.models import Scaffold
     from app.prompt import Prompt, PromptBuilder, PromptChunk
     from retrieval.retriever import Hit
+
+
+#: An answer moved to another engine (:meth:`AnswerPipeline._elsewhere`): ``(prepared, engine,
+#: entered slot, stream, refusal, ticket)``.
+_Moved = tuple[Prepared, FleetEngine, Any, TokenStream | None, Exception | None, Ticket]
 
 log = logging.getLogger("ragbudget.pipeline")
 #: The id of this server's one engine when no engine list is configured.
@@ -643,9 +648,11 @@ class AnswerPipeline:
         stopper = StopMatcher(list(req.stop))
         ticket = self._ticket(prepared)
         slot: AbstractContextManager[float] | None = queue.slot(cancel, ticket)
-        before_stats: GenerationStats | None = None
         receipt_id: str | None = None  # reserved by the journal row once the answer has the model
-        pending: int | None = None  # counted by _expect_prefill until the engine shows it
+        # The answer in its generator from the grant on (the local engine queues it at once, so
+        # the engine alone shows who waits: the next answer granted plans beside it).
+        stream: TokenStream | None = None
+        refused: Exception | None = None  # stream() refused it: raised where its tokens are read
         queued_t = time.perf_counter()
         try:
             state.queue_ms = slot.__enter__()  # type: ignore[union-attr]
@@ -657,19 +664,20 @@ class AnswerPipeline:
                     # The running batch this answer joins, for the correction to learn against.
                     joined = bands.batched(prepared.profile, prepared.profile)
                     prepared = replace(prepared, granted_band=joined)
-                    pending = bands.expect_prefill(prepared)
+                    if reject:
+                        self._check_reachable(prepared, prepared.plan.overhead_ms, 0.0, "granted")
+                    stream, refused = self._start(gen, prepared, params, cancel)
                     self.arrivals.left(arrival_key)  # now counted among the prefills granted
-                if reject:
-                    self._check_reachable(prepared, prepared.plan.overhead_ms, 0.0, "granted")
-                # Before the first token, outside queue_ms and prefill_ms (inside ttft_ms).
+                # Before the first token is read, outside queue_ms (inside ttft_ms).
                 receipt_id = self.receipts.open_journal(prepared, params, state)
+                state.granted_t = self._granted_t(stream)
             except BaseException:
-                bands.submitted(pending)
+                if stream is not None:
+                    stream.close()
+                state.granted_t = None
                 self.arrivals.left(arrival_key)
                 slot.__exit__(None, None, None)  # type: ignore[union-attr]
                 raise
-            state.granted_t = time.perf_counter()
-            before_stats = gen.last_stats  # the previous answer's, once we hold the model
         except Cancelled:
             self.arrivals.left(arrival_key)
             state.status = "cancelled"
@@ -679,15 +687,16 @@ class AnswerPipeline:
             if slot is not None:
                 # The receipt id and the plan, before the first token: the API sends them as headers.
                 yield AnswerEvent("admitted", admission=self._admission(prepared, state, receipt_id))
-                # closing(): the generator releases the model lock and finalises its stats
-                # even when the loop stops early (cancel, client gone).
+                # The stream is closed as the loop ends, and on every other exit (finally below):
+                # the generator drops the answer and finalises its stats even when the loop stops
+                # early (stop string, cancel, client gone).
                 retried = False
                 while True:
-                    key = pending
-                    ON_SUBMIT.set(lambda b=bands, k=key: b.submitted(k))  # type: ignore[misc]
-                    PREFILL_ORDER.set(bands.order_of(key))
                     try:
-                        for ev in self._events(gen, prepared, params, cancel):
+                        if refused is not None:
+                            raise refused
+                        assert stream is not None
+                        for ev in stream:
                             state.n += 1
                             ticket.produced = state.n
                             state.last_t = ev.t
@@ -711,17 +720,18 @@ class AnswerPipeline:
                             raise
                         engine.health.mark_down(f"{type(exc).__name__}: {exc}")
                         self.metrics.engine_retries.labels(engine=engine.id).inc()
-                        moved = self._elsewhere(prepared, engine, cancel, arrival_key)
+                        moved = self._elsewhere(prepared, engine, params, cancel, arrival_key, state)
                         if moved is None:
                             raise
                         log.warning("engine %s failed before the first token (%s); retrying on %s",
                                     engine.id, exc, moved[0].engine_id)
-                        bands.submitted(pending)
+                        if stream is not None:
+                            stream.close()
                         slot.__exit__(None, None, None)
-                        prepared, engine, slot, pending, ticket = moved
+                        prepared, engine, slot, stream, refused, ticket = moved
                         gen, bands, retried = engine.generator, engine.bands, True
-                        before_stats = gen.last_stats
-                        state.granted_t = time.perf_counter()
+                if stream is not None:
+                    stream.close()
                 held = stopper.flush()
                 if held:
                     state.text.append(held)
@@ -740,16 +750,14 @@ class AnswerPipeline:
             state.error = AnswerError(code=str(getattr(exc, "code", "generation_failed")),
                                       message=str(exc))
         finally:
-            bands.submitted(pending)
             self.arrivals.left(arrival_key)
-            ON_SUBMIT.set(None)
-            PREFILL_ORDER.set(None)
+            if stream is not None:
+                stream.close()  # ends it where it is (a no-op once it ran out)
             if slot is not None:
                 slot.__exit__(None, None, None)
-                # This answer's stats on every path (ok, break, client gone, error), never a
-                # previous answer's (a backend that failed before starting leaves them as they were).
-                stats = gen.last_stats
-                state.stats = stats if stats is not before_stats else None
+                # This answer's stats on every path (ok, break, client gone, error); None when
+                # the generator refused it or ended it before starting it.
+                state.stats = stream.stats if stream is not None else None
             summary = self.receipts.finish(prepared, params, state, receipt_id)
             if self.tracer is not None:  # spans queued, sent off the request path (app.tracing)
                 self.tracer.export(prepared, params, summary, gen.identity)
@@ -759,21 +767,36 @@ class AnswerPipeline:
             yield AnswerEvent("final", summary=summary)
 
     @staticmethod
-    def _events(gen: Any, p: Prepared, params: GenParams, cancel: threading.Event) -> Iterator[TokenEvent]:
-        """``gen``'s token events for ``p``'s prompt, the stream closed on every exit (closing():
-        the generator releases the model lock and finalises its stats even when the consumer
-        stops early: cancel, client gone, stop string)."""
-        with _closing(gen.stream(p.prompt.ids, cached_prefix_ids=p.prompt.scaffold_ids, params=params,
-                                 cancel=cancel, messages=p.prompt.messages or None)) as it:
-            yield from it
+    def _start(gen: Any, p: Prepared, params: GenParams,
+               cancel: threading.Event) -> tuple[TokenStream | None, Exception | None]:
+        """Hand ``p``'s prompt to ``gen``: ``(its stream, None)``, or ``(None, the error)`` when
+        ``gen.stream`` refuses it (a bad prompt or parameters), which the caller raises where
+        the answer's tokens are read, so it ends as a failed answer with its receipt. Called
+        under the engine's admit lock: the local engine queues the answer now, in grant order."""
+        try:
+            stream = gen.stream(p.prompt.ids, cached_prefix_ids=p.prompt.scaffold_ids, params=params,
+                                cancel=cancel, messages=p.prompt.messages or None)
+        except Exception as exc:
+            return None, exc
+        return stream, None
 
-    def _elsewhere(self, p: Prepared, failed: FleetEngine, cancel: threading.Event,
-                   arrival_key: int | None) -> tuple[Prepared, FleetEngine, Any, int, Ticket] | None:
+    @staticmethod
+    def _granted_t(stream: TokenStream | None) -> float:
+        """When the model was granted to the answer of ``stream``, ``perf_counter`` seconds (where
+        its measured prefill starts): when its engine took it (``accepted_t``: the local engine,
+        at ``stream()``), else now, just before its first ``next()`` (a remote server)."""
+        if stream is not None and stream.accepted_t is not None:
+            return stream.accepted_t
+        return time.perf_counter()
+
+    def _elsewhere(self, p: Prepared, failed: FleetEngine, params: GenParams, cancel: threading.Event,
+                   arrival_key: int | None, state: InFlight) -> _Moved | None:
         """Move ``p``, whose stream died before its first token on ``failed`` (out of rotation now),
         to the engine in rotation whose plan carries the most context in what is left of its budget
         (:func:`latency_model.fleet.choose` with the time spent so far); wait for a place there,
-        bind k on it (:meth:`bind`) and count its prefill. Returns ``(prepared, engine, entered
-        slot, pending key, ticket)``; None when no other engine is in rotation or the wait was
+        bind k on it (:meth:`bind`) and start it there (:meth:`_start`, ``state.granted_t`` set
+        then). Returns ``(prepared, engine, entered slot, stream, refusal, ticket)`` (stream and
+        refusal as :meth:`_start`); None when no other engine is in rotation or the wait was
         cancelled. The plan's ``fleet`` record says ``retried_from`` and why."""
         others = [e for e in self.engines.values() if e.healthy and e is not failed]
         if not others:
@@ -804,11 +827,12 @@ class AnswerPipeline:
                 moved = self.bind(moved, arrival_key=arrival_key)
                 ticket.prefill_ms = self._ticket(moved).prefill_ms
                 moved = replace(moved, granted_band=engine.bands.batched(moved.profile, moved.profile))
-                pending = engine.bands.expect_prefill(moved)
+                stream, refused = self._start(engine.generator, moved, params, cancel)
+                state.granted_t = self._granted_t(stream)
         except BaseException:
             slot.__exit__(None, None, None)
             raise
-        return moved, engine, slot, pending, ticket
+        return moved, engine, slot, stream, refused, ticket
 
     def _admission(self, p: Prepared, state: InFlight, receipt_id: str | None) -> Admission:
         """The :class:`Admission` of ``p`` as it gets the model (plan and prediction as its summary)."""
@@ -830,18 +854,3 @@ class AnswerPipeline:
                 final = ev.summary
         assert final is not None, "the stream always ends with a final or error event"
         return final
-
-
-@contextmanager
-def _closing(stream: Iterator[TokenEvent]) -> Iterator[Iterator[TokenEvent]]:
-    """``contextlib.closing`` for a token stream: close it on exit when it can be closed.
-
-    Closing lets the generator release the model lock and finalise ``last_stats`` even
-    when the loop stops early (cancel, client gone).
-    """
-    try:
-        yield stream
-    finally:
-        close = getattr(stream, "close", None)
-        if callable(close):
-            close()

@@ -10,10 +10,11 @@ is on. It keeps:
 * the correction registry (one correction per profile id), seeded from the window a previous
   process stored (:func:`app.profile_store.load_correction_window`) and fed, after every
   answer, the measured prefill against the batch-aware prediction (:meth:`PlanBands.learn`);
-* the answers granted the model whose prefill the engine does not show yet, so two answers
-  granted at once plan against each other (:meth:`PlanBands.expect_prefill`,
-  :meth:`PlanBands.submitted`, :data:`generation.base.ON_SUBMIT`), and the lock under which
-  the pipeline binds and registers an answer (:attr:`PlanBands.admit_lock`).
+* the lock under which the pipeline binds an answer and hands it to its generator
+  (:attr:`PlanBands.admit_lock`): the local engine queues an answer when ``stream()`` is
+  called, so the engine's own snapshot (``Engine.batch_snapshot``) shows every answer granted
+  before, and two answers granted at once plan against each other. The engine is the one
+  owner of who waits for a prefill; nothing here keeps a second list of it.
 
 * the pricer of a prefill behind everything running or granted (:meth:`PlanBands.behind`),
   with which an answer planned now leaves the requests arrived meanwhile room to answer
@@ -32,7 +33,6 @@ pipeline on every call, never copied here.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -65,7 +65,7 @@ Entry = Prefilling
 
 
 def _prefill_order(entry: Prefilling) -> float:
-    """Sort key of a prefill ahead: its reserved order; an entry without one (a snapshot of
+    """Sort key of a prefill ahead: its engine prefill order; an entry without one (a snapshot of
     an engine that reports none) keeps its place before those with one."""
     return float(entry.order) if entry.order is not None else -1.0
 
@@ -112,15 +112,10 @@ class PlanBands:
         self._generator: Callable[[], Any] = generator or (lambda: pipeline.services.generator)
         self.corrections = CorrectionRegistry(loader=self.stored_window,
                                               window=pipeline.settings.correction_window)
-        # Answers granted the model whose prefill the engine does not show yet (between the
-        # plan and the engine's queue): ``(prompt tokens to prefill, first position, max new
-        # tokens, prefill order reserved from the engine or None)`` by key.
-        # Binding and registering happen under ``admit_lock``, so two answers granted at
-        # once never both plan against a batch that holds neither.
+        # Binding an answer and handing it to the generator (whose engine queues it at once)
+        # happen under ``admit_lock``, so two answers granted at once never both plan against
+        # a batch that holds neither.
         self.admit_lock = threading.Lock()
-        self._unsubmitted: dict[int, Prefilling] = {}
-        self._unsubmitted_lock = threading.Lock()
-        self._unsubmitted_keys = itertools.count()
 
     def planner_profile(self, profile: Profile) -> tuple[PrefillBand, CorrectionState | None]:
         """The profile plans use, and its online correction's state (None when off).
@@ -210,8 +205,8 @@ class PlanBands:
     def _batch_now(self, profile: Profile
                    ) -> tuple[Any, int, list[Decoding], list[Prefilling], int | None] | None:
         """``(step fit, prefill chunk, decoders, prefills in the engine's order, step token
-        budget)`` as the engine and the answers granted stand now; None without a step model
-        or a batching engine."""
+        budget)`` as the engine stands now (every answer granted is in it); None without a
+        step model or a batching engine."""
         generator = self._generator()
         engine = getattr(generator, "engine", None)
         chunk = getattr(generator, "prefill_chunk", None)
@@ -219,15 +214,7 @@ class PlanBands:
         if fit is None or engine is None or not hasattr(engine, "batch_snapshot") or not chunk:
             return None
         snapshot: BatchSnapshot = engine.batch_snapshot()
-        shown = snapshot.prefilling
-        with self._unsubmitted_lock:
-            pending = list(self._unsubmitted.values())
-        # In the engine's prefill order: an answer granted earlier but not in the engine yet
-        # goes before answers granted after it that are (the engine packs by reserved order).
-        # An entry the engine already shows is not counted twice (same order number).
-        known = {e.order for e in shown}
-        prefilling = sorted([*shown, *(e for e in pending if e.order is None or e.order not in known)],
-                            key=_prefill_order)
+        prefilling = sorted(snapshot.prefilling, key=_prefill_order)  # as the engine packs them
         budget = getattr(engine, "step_token_budget", None)
         return (fit, int(chunk), list(snapshot.decoding), prefilling,
                 int(budget) if isinstance(budget, int) else None)
@@ -243,39 +230,6 @@ class PlanBands:
         if not decoding and not prefilling:
             return band
         return BatchedBand(band, fit, chunk, decoding, prefilling, budget)
-
-    def expect_prefill(self, p: Prepared) -> int:
-        """Count ``p``'s prefill as ahead of later answers until the engine shows it; its key.
-
-        ``(prompt tokens to prefill, first position, max new tokens, order)``: the whole prompt
-        but a cached scaffold; ``order`` is reserved from the engine now
-        (``Engine.reserve_order``), so the engine packs this answer's chunks before those of every
-        answer planned after it, even one that reaches the engine first. Removed by
-        :meth:`submitted` (the generator's ``ON_SUBMIT`` call, or the answer's end, whichever
-        comes first).
-        """
-        cached = int(p.prompt.scaffold_len) if p.scaffold_cached else 0
-        key = next(self._unsubmitted_keys)
-        engine: Any = getattr(self._generator(), "engine", None)
-        order = int(engine.reserve_order()) if hasattr(engine, "reserve_order") else None
-        with self._unsubmitted_lock:
-            self._unsubmitted[key] = Prefilling(max(len(p.prompt.ids) - cached, 0), cached,
-                                                int(p.max_new_tokens), order)
-        return key
-
-    def order_of(self, key: int | None) -> int | None:
-        """The engine prefill order reserved for the answer ``key`` (from :meth:`expect_prefill`),
-        or None (no engine, or not counted): the pipeline streams the answer under it
-        (:data:`generation.base.PREFILL_ORDER`), so the engine packs it where its plan put it."""
-        with self._unsubmitted_lock:
-            entry = self._unsubmitted.get(key) if key is not None else None
-        return entry.order if entry is not None else None
-
-    def submitted(self, key: int | None) -> None:
-        """Stop counting the answer ``key`` (from :meth:`expect_prefill`) as not yet submitted."""
-        if key is not None:
-            with self._unsubmitted_lock:
-                self._unsubmitted.pop(key, None)
 
     def stored_window(self, profile_id: str) -> list[list[Any]]:
         """What the last process learned for ``profile_id`` (its stored correction window)."""

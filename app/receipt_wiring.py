@@ -9,7 +9,7 @@ is not given, replay still runs the checks it can and marks the others ``skipped
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from app.services import Services
 from foundation.provenance import software_versions
@@ -197,25 +197,18 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
                                       "top_p": float(p["top_p"])})
         stopper, events, per_event = StopMatcher(list(p.get("stop") or [])), 0, True
         recorded = (body["generator"].get("engine") or {}).get("prefill_chunk")
-        if recorded and gen.identity.get("backend") == "local":
-            # the local engine's chunk boundaries are part of what fixes its output bits
-            stream = cast(Any, gen).stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids,
-                                           params=params, prefill_chunk=int(recorded))
-        else:
-            stream = gen.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids, params=params,
-                                messages=prompt.messages or None)
-        try:
+        # the local engine's chunk boundaries are part of what fixes its output bits
+        chunk = int(recorded) if recorded and gen.identity.get("backend") == "local" else None
+        # a stop leaves the stream open: leaving the block closes it, so the backend finalises its stats
+        with gen.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids, params=params,
+                        messages=prompt.messages or None, prefill_chunk=chunk) as stream:
             for ev in stream:
                 events += 1
                 per_event = per_event and ev.token_id >= 0
                 if stopper.feed(ev.text)[1]:
                     break
-        finally:  # a stop leaves the stream open: close it so the backend finalises its stats
-            close = getattr(stream, "close", None)
-            if callable(close):
-                close()
         stopper.flush()
-        stats = gen.last_stats
+        stats = stream.stats
         if stats is None:
             raise BackendError("the generator finished without reporting its output tokens")
         ids = list(stats.output_token_ids)

@@ -34,9 +34,10 @@ OTHER_TAIL = "Which filters were cleaned during the inspection in March?"
 
 def first_token(gen: LocalGenerator, ids: list[int], scaffold: int) -> tuple[int, float, int]:
     """``(first token id, TTFT ms, cached tokens)`` of one answer with ``max_new_tokens=1``."""
-    toks = [e.token_id for e in gen.stream(ids, cached_prefix_ids=ids[:scaffold],
-                                           params=GenParams(max_new_tokens=1, ignore_eos=True))]
-    stats = gen.last_stats
+    stream = gen.stream(ids, cached_prefix_ids=ids[:scaffold],
+                        params=GenParams(max_new_tokens=1, ignore_eos=True))
+    toks = [e.token_id for e in stream]
+    stats = stream.stats
     assert stats is not None
     return toks[0], float(stats.prefill_ms), int(stats.cached_tokens)
 

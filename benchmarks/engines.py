@@ -52,9 +52,10 @@ def run_once(gen: Any, prompt: Any, tokens: int) -> dict[str, Any]:
     from generation.base import GenParams
 
     t0 = time.perf_counter()
-    n = sum(1 for _ in gen.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids,
-                                  params=GenParams(max_new_tokens=tokens)))
-    s = gen.last_stats
+    answer = gen.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids,
+                        params=GenParams(max_new_tokens=tokens))
+    n = sum(1 for _ in answer)
+    s = answer.stats
     return {"ttft_ms": s.prefill_ms, "tpot_ms": s.tpot_ms, "events": n,
             "output_tokens": s.output_tokens, "wall_ms": elapsed_ms(t0)}
 

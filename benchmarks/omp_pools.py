@@ -53,10 +53,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def served(i: int) -> float:
         embedder.embed_query(f"how do I vacuum a table {i}")
-        for _ in gen.stream(ids, cached_prefix_ids=ids[:args.cached],
-                            params=GenParams(max_new_tokens=1)):
+        answer = gen.stream(ids, cached_prefix_ids=ids[:args.cached], params=GenParams(max_new_tokens=1))
+        for _ in answer:
             pass
-        stats = gen.last_stats
+        stats = answer.stats
         assert stats is not None and stats.cached_tokens == args.cached, stats
         return float(stats.prefill_ms)
 

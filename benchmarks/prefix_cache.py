@@ -72,9 +72,10 @@ def predictor(args: argparse.Namespace, gen: LocalGenerator) -> tuple[Any, str]:
 
 
 def ttft_ms(gen: LocalGenerator, ids: list[int], prefix: list[int] | None) -> float:
-    list(gen.stream(ids, cached_prefix_ids=prefix, params=GenParams(max_new_tokens=1)))
-    assert gen.last_stats is not None
-    return gen.last_stats.prefill_ms
+    answer = gen.stream(ids, cached_prefix_ids=prefix, params=GenParams(max_new_tokens=1))
+    list(answer)
+    assert answer.stats is not None
+    return answer.stats.prefill_ms
 
 
 def machine() -> dict[str, Any]:

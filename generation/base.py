@@ -21,8 +21,9 @@ import math
 import random
 import threading
 from collections.abc import Callable, Iterator
-from contextvars import ContextVar
+from collections.abc import Generator as PyGenerator
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from foundation.errors import InvalidInput
@@ -33,19 +34,6 @@ from retrieval.tokens import TextTokenizer
 MAX_SEED = MAX_SAFE_INTEGER
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "cancelled", "error"})
-
-#: Set by a caller around iterating :meth:`Generator.stream`: a generator that batches answers
-#: in an engine calls it once the answer is in the engine's queue (from then on the engine's
-#: own batch snapshot shows it). The answer pipeline uses it to count answers it has planned
-#: but the engine does not show yet. Generators without an engine never call it.
-ON_SUBMIT: ContextVar[Callable[[], None] | None] = ContextVar("ragbudget_on_submit", default=None)
-
-#: The engine's prefill order for the next answer streamed from this context: a number reserved
-#: from the engine (``generation.scheduler.Engine.reserve_order``) when the answer was granted the
-#: model and planned, so that its prefill chunks go before those of every answer granted after
-#: it, whichever reaches the engine first. ``None``: the order is taken when the engine gets it.
-PREFILL_ORDER: ContextVar[int | None] = ContextVar("ragbudget_prefill_order", default=None)
-
 
 @dataclass
 class GenParams:
@@ -171,7 +159,7 @@ class TokenEvent:
 
 @dataclass
 class GenerationStats:
-    """What one :meth:`Generator.stream` call did, available as ``last_stats`` after it ends.
+    """What one :meth:`Generator.stream` call did: :attr:`TokenStream.stats` once the stream ended.
 
     ``prompt_tokens == cached_tokens + computed_tokens``; ``cached_tokens`` counts
     tokens whose KV came from the prefix cache (0 on a cold scaffold, which is
@@ -229,6 +217,79 @@ class GenerationStats:
         }
 
 
+#: What a backend's stream body yields: a token event, or ``None`` once, at the point where the
+#: backend has accepted the answer (:class:`TokenStream` runs the body to there when it is made).
+StreamBody = PyGenerator[TokenEvent | None, None, None]
+
+
+class TokenStream(Iterator[TokenEvent]):
+    """One answer: iterate it for its :class:`TokenEvent` s, then read :attr:`stats`.
+
+    What :meth:`Generator.stream` returns (as simonw/llm's ``Response``: iterate, then read its
+    usage). Made from a backend's ``body``, a generator function called with the stream itself
+    (it sets :attr:`stats`, on every path, as it ends): the body runs at once up to its first
+    ``yield`` (of ``None``), so what it does before that happens when ``stream()`` is called;
+    the local engine queues the answer there (the engine alone owns its waiting line), a remote
+    server is sent the request at the first ``next()``. Every later ``None`` is skipped.
+
+    Closing it (:meth:`close`, or leaving a ``with`` block) ends the answer where it is: the
+    backend drops it (finish reason ``"cancelled"`` unless it had ended) and :attr:`stats`
+    holds what it did. Closing an ended stream does nothing.
+
+    Attributes:
+        stats: the :class:`GenerationStats` of this answer once the stream has ended (run out,
+            raised, or closed); ``None`` before, and when the backend ended it before starting
+            it (a remote stream closed before its first ``next()``).
+        accepted_t: ``time.perf_counter()`` when a backend that queues answers itself (the local
+            engine) took this one, at the ``stream()`` call; ``None`` for a backend that starts
+            the answer at the first ``next()``.
+
+    Raises (from the constructor): what the body raises before its first ``yield``.
+    """
+
+    def __init__(self, body: Callable[[TokenStream], StreamBody]) -> None:
+        self.stats: GenerationStats | None = None
+        self.accepted_t: float | None = None
+        self._body = body(self)
+        self._ahead: TokenEvent | None = None
+        self._ended = False
+        try:
+            self._ahead = next(self._body)  # accepted: the body stands at its first yield
+        except StopIteration:
+            self._ended = True
+
+    def __iter__(self) -> TokenStream:
+        return self
+
+    def __next__(self) -> TokenEvent:
+        if self._ahead is not None:
+            ev, self._ahead = self._ahead, None
+            return ev
+        if self._ended:
+            raise StopIteration
+        try:
+            while True:
+                got = next(self._body)
+                if got is not None:
+                    return got
+        except BaseException:
+            self._ended = True
+            raise
+
+    def close(self) -> None:
+        """End the answer now (see the class docstring); idempotent."""
+        self._ended = True
+        self._ahead = None
+        self._body.close()
+
+    def __enter__(self) -> TokenStream:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
 @runtime_checkable
 class Generator(Protocol):
     """A loaded model that streams tokens for a prompt given as token ids.
@@ -239,30 +300,34 @@ class Generator(Protocol):
         tokenizer: the model's :class:`retrieval.tokens.TextTokenizer`.
         context_window: maximum prompt + output tokens.
         eos_token_ids: ids that end an answer.
-        last_stats: :class:`GenerationStats` of the latest finished ``stream`` call.
     """
 
     identity: dict[str, Any]
     tokenizer: TextTokenizer
     context_window: int
     eos_token_ids: list[int]
-    last_stats: GenerationStats | None
 
     def stream(self, prompt_ids: list[int], *, cached_prefix_ids: list[int] | None,
                params: GenParams, cancel: threading.Event | None = None,
-               messages: list[dict[str, str]] | None = None) -> Iterator[TokenEvent]:
-        """Stream the answer to ``prompt_ids``.
+               messages: list[dict[str, str]] | None = None,
+               prefill_chunk: int | None = None) -> TokenStream:
+        """Start the answer to ``prompt_ids``; its tokens and then its stats come from the
+        returned :class:`TokenStream`.
 
         ``cached_prefix_ids`` (the scaffold) must be a prefix of ``prompt_ids`` to be
         used. ``cancel`` is checked before prefill and between tokens; when set, the
         stream ends within one token with finish_reason ``"cancelled"``.
         ``messages`` is the same prompt as chat messages, used only by a remote
-        server that cannot take token ids. After the iterator ends (or is closed),
-        ``last_stats`` holds the :class:`GenerationStats`.
+        server that cannot take token ids. ``prefill_chunk`` (tokens) is the prefill chunk
+        size of a backend that chunks its prefill (the local engine: it fixes the answer's
+        bits, so a replay passes the one a receipt recorded); None: the backend's own; other
+        backends ignore it. A backend with its own engine queues the answer before this
+        returns (:class:`TokenStream`).
 
         Raises:
-            InvalidInput: empty prompt, or prompt longer than the context window.
-            BackendError: the model or the remote server failed (after yielding what arrived).
+            InvalidInput: empty prompt, prompt longer than the context window, bad parameters.
+            BackendError: the model or the remote server failed (from iterating the stream,
+                after yielding what arrived).
         """
         ...
 

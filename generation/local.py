@@ -20,7 +20,6 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +27,12 @@ from foundation.compute import call as compute_call
 from foundation.compute import on_compute_thread, torch_threads
 from foundation.errors import BackendError, InvalidConfig, InvalidInput, RagBudgetError, TooLarge
 from generation.base import (
-    ON_SUBMIT,
-    PREFILL_ORDER,
     GenerationStats,
     GenParams,
     IncrementalDetokenizer,
+    StreamBody,
     TokenEvent,
+    TokenStream,
 )
 from generation.engine.core import Engine
 from generation.engine.kv_cache import DEFAULT_PREFIX_CACHE_MIB, BlockPrefixCache, SeqKV
@@ -170,8 +169,6 @@ class LocalGenerator:
                                              self.device, self.dtype, chunk=prefill_chunk,
                                              budget_mib=prefix_cache_mib)
         self._lock = threading.Lock()
-        self._local = threading.local()
-        self._last_any: GenerationStats | None = None
         self.engine = Engine(self.model, self.device, self._lock, self._prefix_lookup,
                              self._prefix_store, max_running, step_token_budget, fixed_rows,
                              prefix_known=self.prefix_cached, threads=threads,
@@ -182,27 +179,17 @@ class LocalGenerator:
         """Answers the engine runs at once (the answer queue lets this many in)."""
         return int(self.engine.max_running)
 
-    @property
-    def last_stats(self) -> GenerationStats | None:
-        """Stats of the latest stream this thread consumed (several answers run at once, so
-        each consumer sees its own); from another thread, the latest finished anywhere."""
-        return getattr(self._local, "stats", None) or self._last_any
-
-    @last_stats.setter
-    def last_stats(self, value: GenerationStats | None) -> None:
-        self._local.stats = value
-        self._last_any = value
-
     # --- public contract ----------------------------------------------------------
     def stream(self, prompt_ids: list[int], *, cached_prefix_ids: list[int] | None = None,
                params: GenParams, cancel: threading.Event | None = None,
                messages: list[dict[str, str]] | None = None,
-               prefill_chunk: int | None = None) -> Iterator[TokenEvent]:
+               prefill_chunk: int | None = None) -> TokenStream:
         """See :meth:`generation.base.Generator.stream` (``messages`` is ignored here).
 
-        Validation happens now; the answer joins the engine when iteration starts.
-        ``prefill_chunk`` overrides the configured chunk size (replay passes the one a
-        receipt recorded).
+        The answer is in the engine's queue when this returns (its prefill order is taken
+        now: answers started later prefill after it; its ``batch_snapshot`` shows it), unless
+        ``cancel`` is already set. ``prefill_chunk`` overrides the configured chunk size
+        (replay passes the one a receipt recorded).
 
         Raises:
             InvalidInput: empty prompt, ``prefill_chunk < 1``, or parameters outside their
@@ -220,8 +207,8 @@ class LocalGenerator:
         prefix = list(cached_prefix_ids or [])
         if not prefix or len(prefix) > len(prompt_ids) or prompt_ids[:len(prefix)] != prefix:
             prefix = []
-        return self._run(list(prompt_ids), prefix, params.resolved(), cancel,
-                         prefill_chunk or self.prefill_chunk)
+        ids, resolved, chunk = list(prompt_ids), params.resolved(), prefill_chunk or self.prefill_chunk
+        return TokenStream(lambda stream: self._run(stream, ids, prefix, resolved, cancel, chunk))
 
     def prefix_cached(self, prefix_ids: list[int]) -> bool:
         """True when the prefix cache holds the KV cache of exactly ``prefix_ids``."""
@@ -409,15 +396,16 @@ class LocalGenerator:
         engine.run_alone(seq)
         return engine
 
-    def _run(self, prompt_ids: list[int], prefix: list[int], params: GenParams,
-             cancel: threading.Event | None, chunk: int) -> Iterator[TokenEvent]:
+    def _run(self, stream: TokenStream, prompt_ids: list[int], prefix: list[int], params: GenParams,
+             cancel: threading.Event | None, chunk: int) -> StreamBody:
+        """The body of one answer's :class:`TokenStream`: queued in the engine before its first
+        ``yield``, then its tokens as the engine routes them; the stats set on every path."""
         stats = GenerationStats(prompt_tokens=len(prompt_ids), cached_tokens=0,
                                 computed_tokens=len(prompt_ids), output_token_ids=[],
                                 finish_reason="length", prefill_ms=0.0, first_token_t=None,
                                 last_token_t=None, params=params)
         detok = IncrementalDetokenizer(self.tokenizer.decode)
         seq = self._sequence(prompt_ids, len(prefix), params, cancel, chunk)
-        seq.order = PREFILL_ORDER.get()  # reserved when the answer was planned (None: at submit)
         submitted = ended = False
         try:
             stats.start_t = time.perf_counter()
@@ -426,9 +414,8 @@ class LocalGenerator:
                 return
             self.engine.submit(seq)
             submitted = True
-            on_submit = ON_SUBMIT.get()
-            if on_submit is not None:
-                on_submit()
+            stream.accepted_t = time.perf_counter()
+            yield None  # accepted: in the engine's queue when stream() returns
             index = 0
             while True:
                 try:
@@ -487,7 +474,7 @@ class LocalGenerator:
                             break
                     except queue.Empty:
                         continue
-            self.last_stats = stats
+            stream.stats = stats
 
     # --- prefix cache glue ------------------------------------------------------------
     def _prefix_lookup(self, prefix_ids: list[int]) -> tuple[Any, Any] | None:

@@ -38,7 +38,7 @@ import httpx
 
 from foundation.errors import BackendError, InvalidInput, RagBudgetError
 from foundation.hashing import sha256_ints
-from generation.base import GenerationStats, GenParams, TokenEvent
+from generation.base import GenerationStats, GenParams, StreamBody, TokenEvent, TokenStream
 from generation.remote_text import TextPromptCodec
 from retrieval.tokens import TextTokenizer
 
@@ -109,8 +109,6 @@ class RemoteGenerator:
         self._text = TextPromptCodec(self._client, self.base_url, model, tokenizer)
         self.context_window = context_window or self._server_context_window() or DEFAULT_CONTEXT_WINDOW
         self.eos_token_ids: list[int] = sorted({int(i) for i in stop_token_ids or []})
-        self._local = threading.local()
-        self._last_any: GenerationStats | None = None
         self._sent_prefixes: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
         self._prefix_lock = threading.Lock()
@@ -122,26 +120,17 @@ class RemoteGenerator:
             "software": {"python": platform.python_version(), "httpx": httpx.__version__},
         }
 
-    @property
-    def last_stats(self) -> GenerationStats | None:
-        """Stats of the latest stream this thread consumed (several answers run at once when
-        ``max_running > 1``, so each consumer sees its own); from another thread, the latest
-        finished anywhere."""
-        return getattr(self._local, "stats", None) or self._last_any
-
-    @last_stats.setter
-    def last_stats(self, value: GenerationStats | None) -> None:
-        self._local.stats = value
-        self._last_any = value
-
     # --- public contract ----------------------------------------------------------------
     def stream(self, prompt_ids: list[int], *, cached_prefix_ids: list[int] | None = None,
                params: GenParams, cancel: threading.Event | None = None,
-               messages: list[dict[str, str]] | None = None) -> Iterator[TokenEvent]:
+               messages: list[dict[str, str]] | None = None,
+               prefill_chunk: int | None = None) -> TokenStream:
         """See :meth:`generation.base.Generator.stream`.
 
         ``messages`` (``Prompt.messages``) is what a chat-only server receives; without
-        it the decoded prompt is sent as one user message.
+        it the decoded prompt is sent as one user message. The request is sent at the
+        stream's first ``next()`` (the server owns its own waiting line);
+        ``prefill_chunk`` is ignored (the server chunks its prefill its own way).
 
         Raises:
             InvalidInput: empty prompt, or parameters outside their ranges
@@ -153,7 +142,8 @@ class RemoteGenerator:
         params.validate()
         if cached_prefix_ids and list(prompt_ids[:len(cached_prefix_ids)]) == list(cached_prefix_ids):
             self._remember_prefix(list(cached_prefix_ids))
-        return self._run(list(prompt_ids), params.resolved(), cancel, messages)
+        ids, resolved = list(prompt_ids), params.resolved()
+        return TokenStream(lambda stream: self._run(stream, ids, resolved, cancel, messages))
 
     def prefix_cached(self, prefix_ids: list[int]) -> bool:
         """True when this process already sent ``prefix_ids`` (the server's prefix cache likely holds it)."""
@@ -220,8 +210,12 @@ class RemoteGenerator:
         self._client.close()
 
     # --- streaming --------------------------------------------------------------------------
-    def _run(self, prompt_ids: list[int], params: GenParams, cancel: threading.Event | None,
-             messages: list[dict[str, str]] | None) -> Iterator[TokenEvent]:
+    def _run(self, stream: TokenStream, prompt_ids: list[int], params: GenParams,
+             cancel: threading.Event | None, messages: list[dict[str, str]] | None) -> StreamBody:
+        """The body of one answer's :class:`TokenStream`: nothing before its first ``yield``
+        (the request goes out at the first ``next()``), then the server's text chunks; the
+        stats set on every path once the request was started."""
+        yield None
         stats = GenerationStats(prompt_tokens=len(prompt_ids), cached_tokens=0,
                                 computed_tokens=len(prompt_ids), output_token_ids=[],
                                 finish_reason="stop", prefill_ms=0.0, first_token_t=None,
@@ -277,7 +271,7 @@ class RemoteGenerator:
             raise BackendError(f"remote generation failed: {exc}") from exc
         finally:
             stats.output_token_ids = self.tokenizer.encode("".join(texts)) if texts else []
-            self.last_stats = stats
+            stream.stats = stats
 
     @staticmethod
     def _parse_chunk(data: str, mode: str, stats: GenerationStats) -> tuple[str, str | None]:

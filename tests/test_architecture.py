@@ -326,3 +326,32 @@ def test_the_engine_puts_only_typed_events_on_an_answers_queue(tmp_path: Path) -
     bad = tmp_path / "bad.py"
     bad.write_text('def f(seq):\n    seq.out.put(("token", 1, 0.0))\n')
     assert _queue_puts(bad) == [(2, "Tuple")]  # the check bites
+
+
+def _context_vars(path: Path) -> list[tuple[int, str]]:
+    """``(line, what)`` of every use of :mod:`contextvars` in ``path``: its import, or a
+    ``ContextVar`` name or attribute (a side channel beside a call's own arguments)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "contextvars" for a in node.names):
+            found.append((node.lineno, "import contextvars"))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "contextvars":
+            found.append((node.lineno, "from contextvars"))
+        elif (node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)) == "ContextVar":
+            found.append((node.lineno, "ContextVar"))  # type: ignore[attr-defined]
+    return found
+
+
+def test_no_context_variable_carries_an_answer_between_the_pipeline_and_its_generator(tmp_path: Path) -> None:
+    # one owner of the waiting line: an answer's options go to stream() as arguments and its
+    # stats come back on the stream it returns, never through a ContextVar beside the call
+    uses = [(str(p.relative_to(REPO)), line, what) for room in ("generation", "app")
+            for p in sorted((REPO / room).rglob("*.py")) for line, what in _context_vars(p)]
+    assert uses == []
+    bad = tmp_path / "bad.py"
+    bad.write_text("import contextvars\nfrom contextvars import ContextVar\n"
+                   "X = contextvars.ContextVar('x')\n")
+    assert sorted(_context_vars(bad)) == [(1, "import contextvars"), (2, "from contextvars"),
+                                          (3, "ContextVar")]  # the check bites

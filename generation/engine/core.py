@@ -12,11 +12,11 @@ step, so a prefill always advances). Answers join at the next step after they
 arrive (up to ``max_running`` at once) and leave the moment they finish or are
 cancelled. This is the scheme of Orca / vLLM / Sarathi-Serve (chunked prefill
 riding along with decode steps). Prefill chunks go in prefill order (a number each
-answer reserves when it is planned, :meth:`Engine.reserve_order`, or takes at
-submission; :func:`generation.engine.scheduler.schedule`), and the first chunk that does
-not fit ends the step's prefill, so an answer never overtakes one planned before it: the
-planner's replay of these steps (``latency_model.step_model.batched_step_shapes``) holds
-whatever arrives later.
+answer takes when it is submitted, which the local generator does when ``stream()`` is
+called, under the planner's admit lock; :func:`generation.engine.scheduler.schedule`), and
+the first chunk that does not fit ends the step's prefill, so an answer never overtakes one
+planned before it: the planner's replay of these steps
+(``latency_model.step_model.batched_step_shapes``) holds whatever arrives later.
 
 Batch invariance (an answer's tokens do not depend on its batch mates, its row
 in the step, or when it arrived), established as follows:
@@ -135,7 +135,7 @@ class Engine:
         self.kv_cache = KVCache(prefix_lookup, prefix_store, prefix_known, prefix_cache)
         self.max_running, self.step_token_budget = max_running, step_token_budget
         self._state = threading.RLock()  # guards the queues; re-entered by _cancel_all
-        self._orders = itertools.count()  # prefill order: reserved at grant or taken at submit
+        self._orders = itertools.count()  # prefill order: taken at submit
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._attached = False
@@ -167,16 +167,10 @@ class Engine:
         self._drained.wait(timeout=5.0)
 
     # --- public ------------------------------------------------------------------------
-    def reserve_order(self) -> int:
-        """A prefill order number for an answer about to be submitted (``Request.order``):
-        reserved when the answer is planned, its chunks go before those of every answer that
-        reserves or is submitted later, whichever reaches the engine first."""
-        with self._state:
-            return next(self._orders)
-
     def submit(self, seq: Request) -> None:
-        """Queue ``seq``; it joins the running batch at the next step with room. Without a
-        reserved ``order`` it takes the next one now."""
+        """Queue ``seq``; it joins the running batch at the next step with room. Without an
+        ``order`` it takes the next one now: its chunks go before those of every answer
+        submitted later."""
         with self._state:
             if seq.order is None:
                 seq.order = next(self._orders)

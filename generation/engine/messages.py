@@ -65,9 +65,9 @@ class Decoding:
 
 @dataclass(frozen=True)
 class Prefilling:
-    """An answer still prefilling (admitted, waiting, or granted the model and not submitted
-    yet): ``tokens_left`` prompt tokens to prefill from position ``position``, ``max_new``
-    tokens it may produce (None: not known), ``order`` its prefill order (None: none yet)."""
+    """An answer still prefilling (admitted, or waiting in the engine's queue): ``tokens_left``
+    prompt tokens to prefill from position ``position``, ``max_new`` tokens it may produce
+    (None: not known), ``order`` its prefill order (None: none yet)."""
 
     tokens_left: int
     position: int

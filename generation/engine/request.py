@@ -48,7 +48,7 @@ class Request:
     cached_tokens: int = 0
     admitted_t: float | None = None
     first_logits: Any = None  # set when a prefix-only prompt takes the cache's logits
-    order: int | None = None  # prefill order (Engine.reserve_order, or set at submit)
+    order: int | None = None  # prefill order (taken at Engine.submit)
     blocks: BlockPlan | None = None  # its prefix-cache blocks (set at admission)
     cached_blocks: int = 0  # of which loaded from the cache
 

@@ -2,7 +2,7 @@
 
 :func:`schedule` turns the answers in the running batch into a :class:`StepPlan`: the next
 decode token of every answer that is decoding, then prefill chunks in prefill order (a
-number each answer reserves when it is planned, or takes at submission) while the step's
+number each answer takes when it is submitted, as it is planned) while the step's
 tokens stay within ``step_token_budget``; at least one chunk always goes, and the first
 chunk that does not fit ends the step's prefill, so an answer never overtakes one planned
 before it. Prefill chunk boundaries (:func:`next_chunk`) are a pure function of the prompt:
@@ -152,7 +152,7 @@ def schedule(requests: Sequence[Schedulable], step_token_budget: int | None) -> 
             chunks.append(ScheduledChunk(i, req.pos, 1, True, True))
     used = len(chunks)
     took_chunk = False
-    # Prefill chunks in prefill order (reserved when each answer was planned), and the first
+    # Prefill chunks in prefill order (taken when each answer was planned and submitted), and the first
     # that does not fit ends the step's prefill: an answer planned later never overtakes one
     # planned before it, so a plan made beside the batch holds whoever arrives after it.
     prefilling = sorted((i for i, r in enumerate(requests) if r.pos < r.prompt_len),

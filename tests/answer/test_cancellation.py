@@ -46,24 +46,28 @@ def cancelled(live_server: Any, answer_services: Any) -> dict[str, Any]:
     before = head(answer_services.engine)
     seq = before.seq if before else 0
     read: list[str] = []
-    with httpx.Client(timeout=120) as client, client.stream(
-            "POST", f"{live_server.base_url}/v1/answer",
-            json={"question": QUESTION, "ttft_budget_ms": BUDGET_MS, "max_new_tokens": MAX_NEW,
-                  "stream": True}) as r:
-        assert r.status_code == 200
-        for name, data in sse_events(r.iter_lines()):
-            assert name == "token", (name, data)
-            read.append(json.loads(data)["text"])
-            if len(read) == READ_TOKENS:
-                break
-    stored = _new_receipt_after(answer_services, seq)
-    wait_idle(live_server.pipeline)
-    # last_stats is per consuming thread (answers run at once); the answer ran in the server's
-    # worker thread, so read it from a thread that consumed nothing: the latest stream anywhere.
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:
-        stats = pool.submit(lambda: answer_services.generator.last_stats).result()
+    gen = answer_services.generator
+    streams: list[Any] = []  # the streams the server starts (their stats once they end)
+    started = gen.stream
+    gen.stream = lambda *a, **kw: streams.append(started(*a, **kw)) or streams[-1]
+    try:
+        with httpx.Client(timeout=120) as client, client.stream(
+                "POST", f"{live_server.base_url}/v1/answer",
+                json={"question": QUESTION, "ttft_budget_ms": BUDGET_MS, "max_new_tokens": MAX_NEW,
+                      "stream": True}) as r:
+            assert r.status_code == 200
+            for name, data in sse_events(r.iter_lines()):
+                assert name == "token", (name, data)
+                read.append(json.loads(data)["text"])
+                if len(read) == READ_TOKENS:
+                    break
+        stored = _new_receipt_after(answer_services, seq)
+        wait_idle(live_server.pipeline)
+    finally:
+        del gen.stream  # the class's own again
+    assert len(streams) == 1
+    stats = streams[0].stats
+    assert stats is not None
     return {"read": read, "receipt": receipt_body(answer_services, stored.id),
             "finish_reason": stats.finish_reason, "generated": stats.output_tokens,
             "stats_ids": list(stats.output_token_ids)}

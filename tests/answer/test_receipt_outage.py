@@ -32,6 +32,7 @@ from app.api.app import create_app
 from app.receipt_wiring import record_interrupted_answers
 from app.settings import get_settings
 from foundation.db import read_session
+from generation.base import TokenEvent, TokenStream
 from latency_model.calibration import calibrate
 from latency_model.grid import quick_grid
 from latency_model.profile import Profile
@@ -43,7 +44,7 @@ from receipts.models import ReceiptRow
 from receipts.verify import verify_chain
 from tests.answer.conftest import free_port, sse_events
 from tests.api.conftest import make_services
-from tests.api.fakes import CharTokenizer, EchoGenerator
+from tests.api.fakes import CharTokenizer, EchoGenerator, wrapped
 from tests.latency_model.conftest import FakeTimer, no_cpu_probe
 from tests.pg_cluster import PgCluster, pg_cluster  # noqa: F401 - the fixture
 
@@ -61,16 +62,15 @@ class PausingGenerator(EchoGenerator):
         self.first_token = threading.Event()
         self.resume = threading.Event()
 
-    def stream(self, prompt_ids: list[int], **kwargs: Any) -> Iterator[Any]:
-        inner = super().stream(prompt_ids, **kwargs)
-        try:
+    def stream(self, prompt_ids: list[int], **kwargs: Any) -> TokenStream:
+        def events(inner: TokenStream) -> Iterator[TokenEvent]:
             for ev in inner:
                 yield ev
                 if not self.first_token.is_set():
                     self.first_token.set()
                     self.resume.wait(60)
-        finally:
-            inner.close()
+
+        return wrapped(super().stream(prompt_ids, **kwargs), events)
 
 
 @pytest.fixture(scope="module")

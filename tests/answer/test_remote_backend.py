@@ -83,9 +83,10 @@ def remote(server_url: str, answer_services: Any) -> Iterator[Any]:
 def streamed(remote: Any) -> dict[str, Any]:
     from generation.base import GenParams
 
-    events = list(remote.stream(remote.tokenizer.encode(QUESTION), params=GenParams(max_new_tokens=MAX_NEW),
-                                messages=[{"role": "user", "content": QUESTION}]))
-    return {"events": events, "stats": remote.last_stats, "text": "".join(e.text for e in events)}
+    answer = remote.stream(remote.tokenizer.encode(QUESTION), params=GenParams(max_new_tokens=MAX_NEW),
+                           messages=[{"role": "user", "content": QUESTION}])
+    events = list(answer)
+    return {"events": events, "stats": answer.stats, "text": "".join(e.text for e in events)}
 
 
 def test_remote_generator_falls_back_to_chat_on_a_chat_only_server(streamed, remote):

@@ -24,6 +24,7 @@ from app.answer_state import AnswerRequest
 from app.pipeline import AnswerPipeline
 from app.services import Services
 from app.settings import Settings
+from generation.base import TokenEvent, TokenStream
 from latency_model.calibration import calibrate
 from latency_model.grid import quick_grid
 from latency_model.profile import Profile
@@ -31,7 +32,7 @@ from receipts.chain import get_receipt
 from retrieval.chunking import ChunkerConfig
 from retrieval.store import IngestItem, ingest_batch
 from tests.api.conftest import api_settings, make_services
-from tests.api.fakes import CharTokenizer, EchoGenerator
+from tests.api.fakes import CharTokenizer, EchoGenerator, wrapped
 from tests.latency_model.conftest import FakeTimer, no_cpu_probe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -241,13 +242,17 @@ def test_text_is_exported_when_asked(tmp_path: Path, profile: Profile) -> None:
 class FailingGenerator(EchoGenerator):
     """The fake generator, failing after its second token."""
 
-    def stream(self, prompt_ids: list[int], **kw: Any) -> Iterator[Any]:
+    def stream(self, prompt_ids: list[int], **kw: Any) -> TokenStream:
         from foundation.errors import BackendError
 
-        for i, ev in enumerate(super().stream(prompt_ids, **kw)):
-            if i == 2:
-                raise BackendError("simulated device fault")
-            yield ev
+        def events(inner: TokenStream) -> Iterator[TokenEvent]:
+            for i, ev in enumerate(inner):
+                if i == 2:
+                    inner.close()
+                    raise BackendError("simulated device fault")
+                yield ev
+
+        return wrapped(super().stream(prompt_ids, **kw), events)
 
 
 def test_a_failed_answer_marks_its_root_and_generate_spans_as_errors(tmp_path: Path,

@@ -16,10 +16,11 @@ from typing import Any
 
 from app.api.app import create_app
 from app.cli.serve_cmds import run_server
+from generation.base import TokenEvent, TokenStream
 from latency_model.calibration import calibrate
 from latency_model.grid import quick_grid
 from tests.api.conftest import SENTINEL, api_settings, make_services
-from tests.api.fakes import CharTokenizer, EchoGenerator
+from tests.api.fakes import CharTokenizer, EchoGenerator, wrapped
 from tests.latency_model.conftest import FakeTimer
 
 TOKEN_S = 0.05
@@ -31,10 +32,13 @@ class SlowGenerator(EchoGenerator):
 
     max_running = 3
 
-    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        for event in super().stream(*args, **kwargs):
-            time.sleep(TOKEN_S)
-            yield event
+    def stream(self, *args: Any, **kwargs: Any) -> TokenStream:
+        def events(inner: TokenStream) -> Iterator[TokenEvent]:
+            for event in inner:
+                time.sleep(TOKEN_S)
+                yield event
+
+        return wrapped(super().stream(*args, **kwargs), events)
 
 
 def main() -> None:

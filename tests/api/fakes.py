@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from foundation.hashing import sha256_json
-from generation.base import GenerationStats, GenParams, TokenEvent
+from generation.base import GenerationStats, GenParams, StreamBody, TokenEvent, TokenStream
 from tests.latency_model.conftest import IDENTITY
 from tests.latency_model.test_roofline import SMOLLM2
 
@@ -37,11 +37,27 @@ class CharTokenizer:
         return "".join(chr(i) for i in ids)
 
 
+def wrapped(inner: TokenStream, events: Callable[[TokenStream], Iterator[TokenEvent]]) -> TokenStream:
+    """A stream of what ``events(inner)`` yields (a test's change to ``inner``'s tokens: delays,
+    faults), started at its first ``next()``, with ``inner``'s stats; ``inner`` is closed when it ends."""
+
+    def body(outer: TokenStream) -> StreamBody:
+        yield None
+        try:
+            yield from events(inner)
+        finally:
+            inner.close()
+            outer.stats = inner.stats
+
+    return TokenStream(body)
+
+
 class EchoGenerator:
     """A :class:`generation.base.Generator` that streams a fixed reply, one character a token.
 
-    ``gate`` (optional): every ``stream`` sets ``started`` and then waits on ``gate``
-    before its first token, so a test can hold the model busy.
+    ``gate`` (optional): every stream, at its first ``next()``, sets ``started`` and then waits
+    on ``gate`` before its first token, so a test can hold the model busy. ``last_stats``: the
+    stats of the latest stream that ended (what tests read when they hold no stream).
     """
 
     context_window = 8192  # as IDENTITY["context_window"], which keys the stored profile
@@ -59,7 +75,13 @@ class EchoGenerator:
 
     def stream(self, prompt_ids: list[int], *, cached_prefix_ids: list[int] | None = None,
                params: GenParams, cancel: threading.Event | None = None,
-               messages: list[dict[str, str]] | None = None) -> Iterator[TokenEvent]:
+               messages: list[dict[str, str]] | None = None,
+               prefill_chunk: int | None = None) -> TokenStream:
+        return TokenStream(lambda s: self._body(s, list(prompt_ids), cached_prefix_ids, params, cancel))
+
+    def _body(self, stream: TokenStream, prompt_ids: list[int], cached_prefix_ids: list[int] | None,
+              params: GenParams, cancel: threading.Event | None) -> StreamBody:
+        yield None  # like a remote server: the answer starts at the first next()
         start = time.perf_counter()
         self.started.set()
         if self.gate is not None:
@@ -83,7 +105,7 @@ class EchoGenerator:
             else:
                 finish = "length" if len(self.reply) > params.max_new_tokens else "stop"
         finally:  # like the real backends: this answer's stats on every path
-            self.last_stats = GenerationStats(
+            stream.stats = self.last_stats = GenerationStats(
                 prompt_tokens=len(prompt_ids), cached_tokens=cached,
                 computed_tokens=len(prompt_ids) - cached, output_token_ids=ids,
                 finish_reason=finish,  # type: ignore[arg-type]
@@ -141,21 +163,21 @@ class StepGenerator(EchoGenerator):
 
     def stream(self, prompt_ids: list[int], *, cached_prefix_ids: list[int] | None = None,
                params: GenParams, cancel: threading.Event | None = None,
-               messages: list[dict[str, str]] | None = None) -> Iterator[TokenEvent]:
-        inner = super().stream(prompt_ids, cached_prefix_ids=cached_prefix_ids, params=params,
-                               cancel=cancel, messages=messages)
-        prefix = tuple(cached_prefix_ids or ())
-        cached = len(prefix) if prefix and prefix in self._cached else 0
-        n = len(prompt_ids)
-        delays = iter([self.slow * self.true_prefill_ms(n, cached)])
+               messages: list[dict[str, str]] | None = None,
+               prefill_chunk: int | None = None) -> TokenStream:
+        def events(inner: TokenStream) -> Iterator[TokenEvent]:
+            prefix = tuple(cached_prefix_ids or ())
+            cached = len(prefix) if prefix and prefix in self._cached else 0
+            n = len(prompt_ids)
+            delays = iter([self.slow * self.true_prefill_ms(n, cached)])
 
-        def delay() -> float:
-            return next(delays, self.step_ms(n))
+            def delay() -> float:
+                return next(delays, self.step_ms(n))
 
-        try:
             yield from _delayed(inner, delay)
-        finally:
-            inner.close()
+
+        return wrapped(super().stream(prompt_ids, cached_prefix_ids=cached_prefix_ids, params=params,
+                                      cancel=cancel, messages=messages), events)
 
 
 def _delayed(events: Iterator[TokenEvent], delay_ms: Any) -> Iterator[TokenEvent]:

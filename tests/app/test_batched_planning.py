@@ -133,16 +133,15 @@ def test_the_correction_learns_against_the_batch_the_answer_joined(step_profile:
     assert abs(pipe.bands.correction_state(step_profile.id).factor - 1.0) < 1e-9
 
 
-def test_an_answer_granted_but_not_yet_in_the_engine_counts_as_a_prefill_ahead(step_profile: Profile) -> None:
-    """Two answers granted at once: the second plans against the first even before the
-    engine's queue shows it; once the engine has it (or it ends), it is no longer counted."""
-    pipe = pipeline(FakeEngine([], []), online_correction=False)
-    first = SimpleNamespace(prompt=SimpleNamespace(ids=list(range(600)), scaffold_len=83),
-                            scaffold_cached=True, max_new_tokens=32)
-    key = pipe.bands.expect_prefill(first)  # type: ignore[arg-type]
+def test_an_answer_queued_in_the_engine_counts_as_a_prefill_ahead(step_profile: Profile) -> None:
+    """An answer granted is in the engine's queue (its generator's ``stream()`` submitted it under
+    the admit lock), so the next answer plans against it; once the engine drops it, it is no
+    longer counted. The engine is the only place that says so."""
+    engine = FakeEngine([], [(517, 83, 32, 0)])  # queued: not admitted, nothing computed
+    pipe = pipeline(engine, online_correction=False)
     band = pipe.bands.batched(step_profile, step_profile)
     assert isinstance(band, BatchedBand) and ahead(band) == [(517, 83, 32)]
-    pipe.bands.submitted(key)
+    engine.state = ([], [])
     assert pipe.bands.batched(step_profile, step_profile) is step_profile
 
 
@@ -228,34 +227,13 @@ def test_the_answer_shows_the_batch_its_plan_was_made_beside(step_profile: Profi
     assert short[0] < long[0]  # decoders about to finish cost one step, not the whole prefill
 
 
-def test_answers_ahead_are_in_the_order_they_were_planned(step_profile: Profile) -> None:
-    """An answer planned (and given its engine prefill order) before another, but not in the
-    engine yet when the other got there first, is still ahead of it in the next plan's batch,
-    as the engine will pack them; and an answer both not yet marked submitted and already in
-    the engine's snapshot (same order number) counts once."""
-
-    class OrderedEngine(FakeEngine):
-        def __init__(self) -> None:
-            super().__init__([], [])
-            self.orders = iter(range(5, 100))
-
-        def reserve_order(self) -> int:
-            return next(self.orders)
-
-    engine = OrderedEngine()
+def test_answers_ahead_are_in_the_engines_prefill_order(step_profile: Profile) -> None:
+    """Prefills ahead are priced in the engine's prefill order (the order their streams were
+    started in), whatever order a snapshot lists them in."""
+    engine = FakeEngine([], [(23, 83, 32, 6), (517, 83, 32, 5)])
     pipe = pipeline(engine, online_correction=False)
-    big = SimpleNamespace(prompt=SimpleNamespace(ids=list(range(600)), scaffold_len=83),
-                          scaffold_cached=True, max_new_tokens=32)
-    key = pipe.bands.expect_prefill(big)  # type: ignore[arg-type]
-    assert pipe.bands.order_of(key) == 5
-    engine.state = ([], [(23, 83, 32, 6)])  # planned after it, but in the engine first
     band = pipe.bands.batched(step_profile, step_profile)
     assert isinstance(band, BatchedBand) and ahead(band) == [(517, 83, 32), (23, 83, 32)]
-    engine.state = ([], [(517, 83, 32, 5), (23, 83, 32, 6)])  # the engine has it; not yet marked
-    band = pipe.bands.batched(step_profile, step_profile)
-    assert isinstance(band, BatchedBand) and ahead(band) == [(517, 83, 32), (23, 83, 32)]
-    pipe.bands.submitted(key)
-    assert pipe.bands.order_of(key) is None
 
 
 def test_before_any_answer_a_slower_machine_speed_scales_the_plan(step_profile: Profile,

@@ -25,10 +25,11 @@ from app.profile_store import save_profile
 from app.services import Services
 from app.settings import get_settings
 from foundation.errors import NotFound, Unavailable
+from generation.base import TokenEvent, TokenStream
 from latency_model.calibration import calibrate
 from latency_model.grid import quick_grid
 from latency_model.profile import Profile
-from tests.api.fakes import CharTokenizer, EchoGenerator
+from tests.api.fakes import CharTokenizer, EchoGenerator, wrapped
 from tests.latency_model.conftest import IDENTITY, TRUE_PREFILL, FakeTimer, no_cpu_probe
 from tests.retrieval.fakes import HashingEmbedder
 
@@ -427,20 +428,24 @@ class DyingGenerator(EchoGenerator):
         self.after = after
         self.calls = 0
 
-    def stream(self, prompt_ids: list[int], **kwargs: Any) -> Iterator[Any]:
+    def stream(self, prompt_ids: list[int], **kwargs: Any) -> TokenStream:
         import httpx
 
         from foundation.errors import BackendError
 
-        self.calls += 1
-        for i, ev in enumerate(super().stream(prompt_ids, **kwargs)):
-            if i == self.after:
-                break
-            yield ev
-        try:
-            raise httpx.ConnectError("[Errno 111] Connection refused")
-        except httpx.ConnectError as exc:
-            raise BackendError(f"remote generation failed: {exc}") from exc
+        def events(inner: TokenStream) -> Iterator[TokenEvent]:
+            self.calls += 1
+            for i, ev in enumerate(inner):
+                if i == self.after:
+                    break
+                yield ev
+            inner.close()
+            try:
+                raise httpx.ConnectError("[Errno 111] Connection refused")
+            except httpx.ConnectError as exc:
+                raise BackendError(f"remote generation failed: {exc}") from exc
+
+        return wrapped(super().stream(prompt_ids, **kwargs), events)
 
 
 def test_a_stream_that_dies_before_its_first_token_is_answered_once_by_another_engine(

@@ -36,11 +36,12 @@ def test_the_server_is_driven_with_text_prompts_it_reads_back_as_our_ids(remote:
 
     prompt = PromptBuilder.for_tokenizer(remote.tokenizer).build(
         DEFAULT_SCAFFOLD_TEXT, [PromptChunk(1, 1, "  spaced start\nand two lines")], "When?")
-    text = "".join(e.text for e in remote.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids,
-                                                  params=GenParams(max_new_tokens=8)))
+    answer = remote.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids,
+                           params=GenParams(max_new_tokens=8))
+    text = "".join(e.text for e in answer)
     assert remote.identity["mode"] == "text" and remote._text.tokenize_url is not None
-    assert text and remote.last_stats.finish_reason in ("stop", "length")
-    assert remote.last_stats.engine_prompt is None  # the engine read exactly ragbudget's ids
+    assert text and answer.stats.finish_reason in ("stop", "length")
+    assert answer.stats.engine_prompt is None  # the engine read exactly ragbudget's ids
 
 
 def test_a_chunk_whose_end_the_engine_merges_with_the_next_is_answered_and_reported(remote: Any) -> None:
@@ -48,9 +49,10 @@ def test_a_chunk_whose_end_the_engine_merges_with_the_next_is_answered_and_repor
 
     chunks = [PromptChunk(1, 1, "ends with a newline\n"), PromptChunk(2, 1, "second")]
     prompt = PromptBuilder.for_tokenizer(remote.tokenizer).build(DEFAULT_SCAFFOLD_TEXT, chunks, "Why?")
-    text = "".join(e.text for e in remote.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids,
-                                                  params=GenParams(max_new_tokens=4)))
-    reported = remote.last_stats.engine_prompt
+    answer = remote.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids,
+                           params=GenParams(max_new_tokens=4))
+    text = "".join(e.text for e in answer)
+    reported = answer.stats.engine_prompt
     assert text and reported is not None and reported["prompt_tokens"] < prompt.prompt_tokens
     assert prompt.scaffold_len < reported["first_difference"] < prompt.prompt_tokens
 

@@ -59,8 +59,9 @@ def test_prompts_go_as_token_ids_and_the_slot_cache_is_counted(native: Any, smol
     runs = []
     for question in ("Which gauge reads 70 kPa?", "Which gauge reads 140 kPa?"):
         ids = shared + gen.tokenizer.encode(f"\nQuestion: {question}\nAnswer:")
-        text = "".join(e.text for e in gen.stream(ids, params=GenParams(max_new_tokens=6)))
-        stats = gen.last_stats
+        answer = gen.stream(ids, params=GenParams(max_new_tokens=6))
+        text = "".join(e.text for e in answer)
+        stats = answer.stats
         assert text and stats.finish_reason in ("stop", "length")
         assert stats.cached_tokens + stats.computed_tokens == len(ids)
         runs.append(stats)

@@ -140,9 +140,10 @@ def test_the_stream_of_an_answer_whose_sampling_fails_raises_a_backend_error(tin
         return int(real(logits, params, rng))
 
     monkeypatch.setattr(local, "select_token", failing)
+    answer = tiny.stream([5, 6, 7], params=GenParams(4, temperature=0.25, seed=3))
     with pytest.raises(BackendError, match="sampler fault"):
-        list(tiny.stream([5, 6, 7], params=GenParams(4, temperature=0.25, seed=3)))
-    assert tiny.last_stats.finish_reason == "error"
+        list(answer)
+    assert answer.stats is not None and answer.stats.finish_reason == "error"
 
 
 @st.composite

@@ -86,9 +86,11 @@ def prompts(gen: Any) -> list[tuple[list[int], int]]:
 
 def answer(gen: Any, ids: list[int], scaffold: int) -> tuple[list[int], int]:
     """Greedy output ids and the prompt tokens taken from the cache."""
-    tokens = [e.token_id for e in gen.stream(ids, cached_prefix_ids=ids[:scaffold],
-                                             params=GenParams(max_new_tokens=MAX_NEW, ignore_eos=True))]
-    return tokens, int(gen.last_stats.cached_tokens)
+    stream = gen.stream(ids, cached_prefix_ids=ids[:scaffold],
+                        params=GenParams(max_new_tokens=MAX_NEW, ignore_eos=True))
+    tokens = [e.token_id for e in stream]
+    assert stream.stats is not None
+    return tokens, int(stream.stats.cached_tokens)
 
 
 def answer_together(gen: Any, prompts: list[tuple[list[int], int]]) -> list[list[int]]:

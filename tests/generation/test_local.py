@@ -67,8 +67,9 @@ def test_greedy_answer_is_identical_with_and_without_the_prefix_cache(g: Any, pr
     params = GenParams(max_new_tokens=12)
     cold = [e.token_id for e in g.stream(prompt.ids, cached_prefix_ids=None, params=params)]
     g.warm_prefix(prompt.scaffold_ids)
-    warm = [e.token_id for e in g.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids, params=params)]
-    stats = g.last_stats
+    answer = g.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids, params=params)
+    warm = [e.token_id for e in answer]
+    stats = answer.stats
     assert warm == cold and len(cold) > 0
     assert stats.cached_tokens == prompt.scaffold_len
     assert stats.computed_tokens == prompt.prompt_tokens - prompt.scaffold_len
@@ -89,13 +90,15 @@ def test_requests_never_mutate_the_stored_prefix(g: Any, prompt: Any) -> None:
 
 def test_a_cold_scaffold_is_stored_but_not_counted_as_cached(g: Any, prompt: Any) -> None:
     g.prefix_cache.clear()
-    list(g.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids, params=GenParams(max_new_tokens=1)))
-    assert g.last_stats.cached_tokens == 0 and g.prefix_cached(prompt.scaffold_ids)
+    answer = g.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids, params=GenParams(max_new_tokens=1))
+    list(answer)
+    assert answer.stats.cached_tokens == 0 and g.prefix_cached(prompt.scaffold_ids)
 
 
 def test_stream_events_carry_text_and_increasing_times(g: Any, prompt: Any) -> None:
-    events = list(g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(max_new_tokens=6)))
-    stats = g.last_stats
+    answer = g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(max_new_tokens=6))
+    events = list(answer)
+    stats = answer.stats
     assert [e.index for e in events] == list(range(len(events)))
     assert all(a.t <= b.t for a, b in zip(events, events[1:], strict=False))
     assert "".join(e.text for e in events) == g.tokenizer.decode(stats.output_token_ids)
@@ -103,44 +106,53 @@ def test_stream_events_carry_text_and_increasing_times(g: Any, prompt: Any) -> N
     assert stats.first_token_t == events[0].t and stats.last_token_t == events[-1].t
 
 
-def test_on_submit_is_called_once_the_engine_shows_the_answer(g: Any, prompt: Any) -> None:
-    from generation.base import ON_SUBMIT
-    from generation.engine.messages import BatchSnapshot
-
-    seen: list[BatchSnapshot] = []
-    ON_SUBMIT.set(lambda: seen.append(g.engine.batch_snapshot()))
-    try:
-        events = list(g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(max_new_tokens=2)))
-    finally:
-        ON_SUBMIT.set(None)
-    assert len(events) == 2 and len(seen) == 1
+def test_the_engine_shows_the_answer_once_stream_returns(g: Any, prompt: Any) -> None:
+    """``stream()`` queues the answer in the engine before it returns, before any ``next()``."""
+    with g._lock:  # no step runs meanwhile: the snapshot sees the answer as it was queued
+        answer = g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(max_new_tokens=2))
+        seen = g.engine.batch_snapshot()
+    events = list(answer)
+    assert len(events) == 2 and answer.stats is not None and answer.stats.output_tokens == 2
     # In the queue, nothing computed yet: tokens left, position, max_new (and a prefill order).
-    assert seen[0].decoding == ()
-    assert [(e.tokens_left, e.position, e.max_new) for e in seen[0].prefilling] == [(len(prompt.ids), 0, 2)]
+    assert seen.decoding == ()
+    assert [(e.tokens_left, e.position, e.max_new) for e in seen.prefilling] == [(len(prompt.ids), 0, 2)]
+
+
+def test_answers_prefill_in_the_order_their_streams_were_started(g: Any, prompt: Any) -> None:
+    """The engine owns the waiting line: an answer started first prefills first, even when the
+    one started after it is read first."""
+    first = g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(max_new_tokens=1))
+    second = g.stream(prompt.ids[:40], cached_prefix_ids=None, params=GenParams(max_new_tokens=1))
+    assert len(list(second)) == 1 and len(list(first)) == 1
+    assert first.stats is not None and second.stats is not None
+    assert first.stats.first_token_t is not None and second.stats.first_token_t is not None
+    assert first.stats.first_token_t <= second.stats.first_token_t
 
 
 def test_max_new_tokens_ends_with_length(g: Any, prompt: Any) -> None:
-    events = list(g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(max_new_tokens=2)))
-    assert len(events) == 2 and g.last_stats.finish_reason == "length"
+    answer = g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(max_new_tokens=2))
+    events = list(answer)
+    assert len(events) == 2 and answer.stats.finish_reason == "length"
 
 
 def test_cancel_between_tokens_stops_within_one_token(g: Any, prompt: Any) -> None:
     cancel = threading.Event()
     seen = 0
-    for _ in g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(max_new_tokens=40),
-                                    cancel=cancel):
+    answer = g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(max_new_tokens=40), cancel=cancel)
+    for _ in answer:
         seen += 1
         if seen == 2:
             cancel.set()
-    stats = g.last_stats
+    stats = answer.stats
     assert seen == 2 and stats.finish_reason == "cancelled" and len(stats.output_token_ids) == 2
 
 
 def test_cancel_before_prefill_generates_nothing(g: Any, prompt: Any) -> None:
     cancel = threading.Event()
     cancel.set()
-    events = list(g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(), cancel=cancel))
-    assert events == [] and g.last_stats.finish_reason == "cancelled"
+    answer = g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(), cancel=cancel)
+    events = list(answer)
+    assert events == [] and answer.stats.finish_reason == "cancelled"
 
 
 def test_closing_the_stream_records_a_cancelled_answer_and_frees_the_model(
@@ -148,15 +160,16 @@ def test_closing_the_stream_records_a_cancelled_answer_and_frees_the_model(
     it = g.stream(prompt.ids, cached_prefix_ids=None, params=GenParams(max_new_tokens=40))
     next(it)
     it.close()
-    assert g.last_stats.finish_reason == "cancelled"
+    assert it.stats.finish_reason == "cancelled"
     assert g._lock.acquire(blocking=False)
     g._lock.release()
 
 
 def test_sampling_with_the_same_seed_repeats(g: Any, prompt: Any) -> None:
     params = GenParams(max_new_tokens=6, temperature=0.9, top_p=0.9)
-    first = [e.token_id for e in g.stream(prompt.ids, cached_prefix_ids=None, params=params)]
-    seed = g.last_stats.params.seed
+    answer = g.stream(prompt.ids, cached_prefix_ids=None, params=params)
+    first = [e.token_id for e in answer]
+    seed = answer.stats.params.seed
     again = [e.token_id for e in g.stream(prompt.ids, cached_prefix_ids=None,
                                                         params=GenParams(6, 0.9, 0.9, seed))]
     assert isinstance(seed, int) and first == again
@@ -219,9 +232,9 @@ def test_config_dict_has_the_roofline_fields(g: Any) -> None:
 
 
 def _eos_answer(g: Any, prompt: Any, **kw: Any) -> tuple[list[int], str]:
-    ids = [e.token_id for e in g.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids,
-                                        params=GenParams(**kw))]
-    return ids, g.last_stats.finish_reason
+    answer = g.stream(prompt.ids, cached_prefix_ids=prompt.scaffold_ids, params=GenParams(**kw))
+    ids = [e.token_id for e in answer]
+    return ids, answer.stats.finish_reason
 
 
 def test_ignore_eos_goes_on_past_end_of_text_to_max_tokens(g: Any, prompt: Any) -> None:

@@ -31,12 +31,13 @@ def make(server: FakeOpenAI, tok: Any, **kw: Any) -> RemoteGenerator:
 def test_completions_mode_sends_token_ids_and_streams_text(tiktok: Any) -> None:
     with FakeOpenAI(PIECES) as server:
         gen = make(server, tiktok)
-        events = list(gen.stream([1, 2, 3], cached_prefix_ids=None, params=GenParams(max_new_tokens=5)))
+        answer = gen.stream([1, 2, 3], cached_prefix_ids=None, params=GenParams(max_new_tokens=5))
+        events = list(answer)
     assert "".join(e.text for e in events) == "The pump is inspected monthly."
     path, body = server.requests[-1]
     assert path == "/v1/completions" and body["prompt"] == [1, 2, 3] and body["max_tokens"] == 5
     assert gen.identity["mode"] == "completions"
-    stats = gen.last_stats
+    stats = answer.stats
     assert stats is not None and stats.finish_reason == "length"
     assert stats.output_token_ids == tiktok.encode("The pump is inspected monthly.")
 
@@ -60,9 +61,10 @@ def test_chat_only_server_gets_the_prompt_messages(tiktok: Any) -> None:
 def test_ttft_ignores_role_only_empty_and_usage_chunks(tiktok: Any) -> None:
     with FakeOpenAI(["", "Hello", " world"], token_ids=False) as server:
         gen = make(server, tiktok)
-        events = list(gen.stream([5], cached_prefix_ids=None, params=GenParams()))
+        answer = gen.stream([5], cached_prefix_ids=None, params=GenParams())
+        events = list(answer)
     assert [e.text for e in events] == ["Hello", " world"]
-    stats = gen.last_stats
+    stats = answer.stats
     assert stats is not None and stats.first_text_t == events[0].t and stats.last_token_t == events[-1].t
     assert stats.prefill_ms > 0 and stats.usage == {"prompt_tokens": 10, "completion_tokens": 3}
 
@@ -73,10 +75,11 @@ def test_stream_without_done_yields_what_arrived_then_raises(tiktok: Any) -> Non
         gen = make(server, tiktok)
         got: list[str] = []
         with pytest.raises(BackendError, match=r"\[DONE\]"):
-            for ev in gen.stream([5], cached_prefix_ids=None, params=GenParams()):
+            answer = gen.stream([5], cached_prefix_ids=None, params=GenParams())
+            for ev in answer:
                 got.append(ev.text)
     assert got == ["The maintenance interval", " is"]
-    assert gen.last_stats is not None and gen.last_stats.finish_reason == "error"
+    assert answer.stats is not None and answer.stats.finish_reason == "error"
 
 
 def test_cancel_stops_reading_within_one_chunk(tiktok: Any) -> None:
@@ -84,38 +87,42 @@ def test_cancel_stops_reading_within_one_chunk(tiktok: Any) -> None:
     with FakeOpenAI([f" t{i}" for i in range(50)], delay_s=0.01) as server:
         gen = make(server, tiktok)
         seen = 0
-        for _ in gen.stream([1], cached_prefix_ids=None, params=GenParams(max_new_tokens=50), cancel=cancel):
+        answer = gen.stream([1], cached_prefix_ids=None, params=GenParams(max_new_tokens=50), cancel=cancel)
+        for _ in answer:
             seen += 1
             if seen == 3:
                 cancel.set()
     assert seen == 3
-    assert gen.last_stats is not None and gen.last_stats.finish_reason == "cancelled"
+    assert answer.stats is not None and answer.stats.finish_reason == "cancelled"
 
 
 def test_http_error_is_a_backend_error(tiktok: Any) -> None:
     with FakeOpenAI(PIECES) as server:
         gen = RemoteGenerator(server.base_url.replace("/v1", "/nope"), "fake-model", tokenizer=tiktok,
                               mode="completions")
+        answer = gen.stream([1], cached_prefix_ids=None, params=GenParams())
         with pytest.raises(BackendError, match="HTTP 404"):
-            list(gen.stream([1], cached_prefix_ids=None, params=GenParams()))
-    assert gen.last_stats is not None and gen.last_stats.finish_reason == "error"
+            list(answer)
+    assert answer.stats is not None and answer.stats.finish_reason == "error"
 
 
 def test_sampling_sends_the_recorded_seed(tiktok: Any) -> None:
     with FakeOpenAI(PIECES) as server:
         gen = make(server, tiktok)
-        list(gen.stream([1], cached_prefix_ids=None, params=GenParams(temperature=0.7, top_p=0.9)))
+        answer = gen.stream([1], cached_prefix_ids=None, params=GenParams(temperature=0.7, top_p=0.9))
+        list(answer)
     body = server.requests[-1][1]
-    assert gen.last_stats is not None and gen.last_stats.params is not None
-    assert isinstance(body["seed"], int) and body["seed"] == gen.last_stats.params.seed
+    assert answer.stats is not None and answer.stats.params is not None
+    assert isinstance(body["seed"], int) and body["seed"] == answer.stats.params.seed
 
 
 def test_server_reported_cached_tokens_are_recorded(tiktok: Any) -> None:
     with FakeOpenAI(PIECES, cached_tokens=2) as server:
         gen = make(server, tiktok)
-        list(gen.stream([1, 2, 3], cached_prefix_ids=[1, 2], params=GenParams()))
+        answer = gen.stream([1, 2, 3], cached_prefix_ids=[1, 2], params=GenParams())
+        list(answer)
         assert gen.prefix_cached([1, 2]) and not gen.prefix_cached([1, 2, 3])
-    stats = gen.last_stats
+    stats = answer.stats
     assert stats is not None and (stats.cached_tokens, stats.computed_tokens) == (2, 1)
 
 
@@ -161,11 +168,13 @@ def test_text_only_server_that_splits_plain_text_differently_answers_and_reports
     assert ids != whole
     with FakeOpenAI(PIECES, tokenize=tiktok.encode) as server:
         gen = make(server, tiktok)
-        text = "".join(e.text for e in gen.stream(ids, cached_prefix_ids=None, params=GenParams()))
+        answer = gen.stream(ids, cached_prefix_ids=None, params=GenParams())
+        text = "".join(e.text for e in answer)
     assert text == "The pump is inspected monthly."
     first = next(i for i, (a, b) in enumerate(zip(ids, whole, strict=False)) if a != b)
-    assert gen.last_stats.engine_prompt == {"prompt_tokens": len(whole), "token_ids_hash": sha256_ints(whole),
-                                            "first_difference": first}
+    assert answer.stats is not None
+    assert answer.stats.engine_prompt == {"prompt_tokens": len(whole), "token_ids_hash": sha256_ints(whole),
+                                          "first_difference": first}
 
 
 def test_text_only_server_that_reads_document_text_as_control_tokens_is_refused(tiktok: Any) -> None:

@@ -95,8 +95,8 @@ def test_the_batch_model_replays_the_engines_packing() -> None:
     answer's first token: chunks in prefill order sharing a step within the step token budget,
     the first that does not fit ending the step's prefill (a later, smaller one never overtakes),
     answers ahead joining the decoders when their prefill ends and leaving at max_new. An answer
-    that reserved its order when planned goes before one submitted after that, even if it reaches
-    the engine later; the latecomer only rides along in room left over."""
+    is in the engine's queue from the moment it is planned (``stream()`` submits it), so one that
+    arrives after that only rides along in room left over."""
     from latency_model.step_model import batched_step_shapes
 
     model = _tiny("llama")
@@ -113,9 +113,8 @@ def test_the_batch_model_replays_the_engines_packing() -> None:
         engine.submit(a)
         engine.submit(b)
         snapshot = engine.batch_snapshot()  # what d's plan sees
-        d.order = engine.reserve_order()  # d is planned now ...
-        engine.submit(c)  # ... c arrives and reaches the engine first ...
-        engine.submit(d)  # ... then d
+        engine.submit(d)  # d is planned now, and so queued ...
+        engine.submit(c)  # ... then c arrives
     for s in (a, b, c, d):
         while not isinstance(s.out.get(timeout=30), Finished):
             pass

@@ -22,12 +22,12 @@ from app.answer_state import AnswerRequest
 from app.api.app import create_app
 from app.auth import create_key
 from app.services import Services
-from generation.base import GenParams, TokenEvent
+from generation.base import GenParams, TokenEvent, TokenStream
 from latency_model.profile import Profile
 from retrieval.chunking import ChunkerConfig
 from retrieval.store import IngestItem, ingest_batch
 from tests.api.conftest import api_settings, make_services
-from tests.api.fakes import CharTokenizer, EchoGenerator
+from tests.api.fakes import CharTokenizer, EchoGenerator, wrapped
 
 DOCS = {
     "ops/wal-archiving.md": (
@@ -66,11 +66,15 @@ class SlowFirstToken(EchoGenerator):
 
     def stream(self, prompt_ids: list[int], *, cached_prefix_ids: list[int] | None = None,
                params: GenParams, cancel: threading.Event | None = None,
-               messages: list[dict[str, str]] | None = None) -> Iterator[TokenEvent]:
-        if self.delay_s:
-            time.sleep(self.delay_s)
-        yield from super().stream(prompt_ids, cached_prefix_ids=cached_prefix_ids, params=params,
-                                  cancel=cancel, messages=messages)
+               messages: list[dict[str, str]] | None = None,
+               prefill_chunk: int | None = None) -> TokenStream:
+        def events(inner: TokenStream) -> Iterator[TokenEvent]:
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            yield from inner
+
+        return wrapped(super().stream(prompt_ids, cached_prefix_ids=cached_prefix_ids, params=params,
+                                      cancel=cancel, messages=messages), events)
 
 
 @dataclass
