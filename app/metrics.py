@@ -7,19 +7,75 @@ spooled receipts appended later, fast rejections, prompt tokens (total,
 cached, computed) and output tokens; gauges of the queue depth and of the
 online correction (factor, p95 multiplier, coverage); per configured engine (``engine`` label,
 :mod:`app.fleet`): answers by status, whether it is in rotation, its predicted wait at the
-latest arrival and the answers retried elsewhere after it failed before a first token. One
+latest arrival and the answers retried elsewhere after it failed before a first token; per
+local engine, its prefix KV cache (lookups, hits, cached tokens, blocks stored and evicted,
+blocks and bytes held, the budget), read from the cache when ``/metrics`` is scraped
+(:meth:`AnswerMetrics.prefix_cache_state`). One
 registry per
 :class:`AnswerMetrics` so tests and apps stay apart.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from app.answer_types import Answer
+    from generation.engine.kv_cache import PrefixCacheStats
+
+#: The prefix cache's counters (:class:`generation.engine.kv_cache.PrefixCacheStats` field,
+#: metric name without ``_total``, help), each a Prometheus counter per engine.
+PREFIX_CACHE_COUNTERS = (
+    ("lookups", "ragbudget_prefix_cache_lookups", "Answers admitted that asked the prefix KV cache"),
+    ("hits", "ragbudget_prefix_cache_hits", "Answers admitted that loaded at least one cached block"),
+    ("cached_tokens", "ragbudget_prefix_cache_tokens",
+     "Prompt tokens loaded from the prefix KV cache instead of computed"),
+    ("stored", "ragbudget_prefix_cache_blocks_stored", "Token blocks stored in the prefix KV cache"),
+    ("evicted", "ragbudget_prefix_cache_blocks_evicted",
+     "Token blocks evicted from the prefix KV cache (least recently used leaf first)"),
+)
+#: The prefix cache's gauges (field, metric name, help), per engine.
+PREFIX_CACHE_GAUGES = (
+    ("blocks", "ragbudget_prefix_cache_blocks", "Token blocks held in the prefix KV cache now"),
+    ("bytes", "ragbudget_prefix_cache_bytes", "Bytes of K/V and logits held in the prefix KV cache now"),
+    ("budget_bytes", "ragbudget_prefix_cache_budget_bytes",
+     "The prefix KV cache's memory budget (RAGBUDGET_GENERATOR_PREFIX_CACHE_MIB), bytes"),
+)
+
+
+class PrefixCacheCollector(Collector):
+    """Exposes the last :class:`PrefixCacheStats` given per engine (label ``engine``): the
+    cache keeps its own counts, so they are read at scrape time, not mirrored by increments."""
+
+    def __init__(self) -> None:
+        self._stats: dict[str, PrefixCacheStats] = {}
+        self._lock = threading.Lock()
+
+    def set(self, stats: Mapping[str, PrefixCacheStats]) -> None:
+        """Replace the snapshot: engine id -> its cache's counters now."""
+        with self._lock:
+            self._stats = dict(stats)
+
+    def collect(self) -> Iterator[Metric]:
+        """One family per counter and gauge, a sample per engine (none before :meth:`set`)."""
+        with self._lock:
+            stats = dict(self._stats)
+        for field, name, doc in PREFIX_CACHE_COUNTERS:
+            counter = CounterMetricFamily(name, doc, labels=["engine"])
+            for engine, st in stats.items():
+                counter.add_metric([engine], float(getattr(st, field)))
+            yield counter
+        for field, name, doc in PREFIX_CACHE_GAUGES:
+            gauge = GaugeMetricFamily(name, doc, labels=["engine"])
+            for engine, st in stats.items():
+                gauge.add_metric([engine], float(getattr(st, field)))
+            yield gauge
 
 # Buckets in ms: 1 ms .. 60 s, roughly x2 apart.
 MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000, 1500, 2000, 3000, 5000,
@@ -95,6 +151,8 @@ class AnswerMetrics:
         self.engine_retries = Counter("ragbudget_engine_retries", "Answers whose stream died before "
                                       "its first token on this engine and were retried on another",
                                       ["engine"], registry=r)
+        self._prefix_cache = PrefixCacheCollector()
+        r.register(self._prefix_cache)
 
     def engine_state(self, engine_id: str, up: bool, predicted_wait_ms: float | None) -> None:
         """Record one engine as an arriving answer saw it: in rotation or not, and its predicted
@@ -144,6 +202,12 @@ class AnswerMetrics:
         self.correction_p95_multiplier.set(p95_multiplier or 0.0)
         if coverage is not None:
             self.prefill_coverage.set(coverage)
+
+    def prefix_cache_state(self, stats: Mapping[str, PrefixCacheStats]) -> None:
+        """Record each local engine's prefix KV cache counters (engine id -> stats, as
+        :meth:`generation.engine.kv_cache.BlockPrefixCache.stats` returns them), shown by the
+        next :meth:`render`; engines absent from ``stats`` are dropped."""
+        self._prefix_cache.set(stats)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""

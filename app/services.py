@@ -23,6 +23,7 @@ from retrieval.tokens import TextTokenizer
 
 if TYPE_CHECKING:  # numpy / FAISS load only when a retriever is built
     from app.prompt import PromptBuilder
+    from generation.engine.kv_cache import PrefixCacheStats
     from retrieval.embedding import Embedder
     from retrieval.retriever import RetrieverProtocol
 
@@ -169,6 +170,23 @@ class Services:
                             "share one tokenizer", engine_id=engine_id)
                 built[engine_id] = build_generator(self.settings, self, cfg)
             return built[engine_id]
+
+    def prefix_cache_stats(self) -> dict[str, PrefixCacheStats]:
+        """Engine id -> its prefix KV cache's counters now, for each engine whose generator is
+        already built and keeps one (the local engine's
+        :class:`generation.engine.kv_cache.BlockPrefixCache`; a remote engine's cache is its
+        server's). Builds nothing: an engine not loaded yet has no entry."""
+        from generation.engine.kv_cache import BlockPrefixCache
+
+        built: dict[str, Generator] = dict(self.__dict__.get("_engine_generators", {}))
+        if "generator" in self.__dict__:
+            built[self.engine_ids[0]] = self.__dict__["generator"]
+        out: dict[str, PrefixCacheStats] = {}
+        for engine_id, gen in built.items():
+            cache = getattr(gen, "prefix_cache", None)
+            if isinstance(cache, BlockPrefixCache):
+                out[engine_id] = cache.stats()
+        return out
 
     def close(self) -> None:
         """Release the database pool."""

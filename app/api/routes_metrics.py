@@ -22,8 +22,11 @@ PROMETHEUS_TEXT: dict[int | str, dict[str, object]] = {
 @router.get("/metrics", response_class=Response, responses=PROMETHEUS_TEXT)
 def metrics(request: Request, services: Services = Depends(get_services)) -> Response:
     """Histograms (ms) of TTFT, TPOT, queue and retrieval time; counters of answers by status,
-    budget misses and prompt/cached/computed tokens. Needs role operator unless
-    ``RAGBUDGET_METRICS_PUBLIC`` is true (default)."""
+    budget misses and prompt/cached/computed tokens; each loaded local engine's prefix KV cache
+    (hits, cached tokens, evictions, bytes held and its budget), read at this request. Needs role
+    operator unless ``RAGBUDGET_METRICS_PUBLIC`` is true (default)."""
     if not services.settings.metrics_public:
         require(get_principal(request, services), "operator")
-    return Response(request.app.state.pipeline.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    metrics = request.app.state.pipeline.metrics
+    metrics.prefix_cache_state(services.prefix_cache_stats())
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,4 +1,5 @@
 import math
+from typing import Any
 
 import pytest
 
@@ -49,3 +50,69 @@ def test_k_and_max_new_tokens_limits():
     assert check_max_new_tokens(s, None) == s.default_max_new_tokens
     with pytest.raises(InvalidInput):
         check_max_new_tokens(s, 17)
+
+
+def _sample(text: str, name: str, engine: str) -> float:
+    """The value of sample ``name{engine=...}`` in a Prometheus text exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return next(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                if s.name == name and s.labels.get("engine") == engine)
+
+
+def _filled_cache(budget_mib: float) -> Any:
+    """A prefix cache holding scaffold blocks of 4 tokens (2 layers, 1 KV head, head dim 8)."""
+    import torch
+
+    from generation.engine.kv_cache import BlockPrefixCache
+
+    cache = BlockPrefixCache("m@w", "cpu", "float32", chunk=4, budget_mib=budget_mib)
+    for first in range(3):
+        kv = {layer: (torch.zeros(4, 1, 8), torch.zeros(4, 1, 8)) for layer in range(2)}
+        cache.put([first, 1, 2, 3], kv, torch.zeros(16))
+    plan = cache.plan([0, 1, 2, 3, 9, 9], 4, 4)
+    cache.match(plan, 6)  # hit: the scaffold block of [0, 1, 2, 3]
+    cache.match(cache.plan([7, 7, 7, 7, 9], 4, 4), 5)  # miss
+    return cache
+
+
+def test_prefix_cache_counters_and_memory_are_exposed_per_engine():
+    cache = _filled_cache(budget_mib=1)
+    st = cache.stats()
+    assert (st.lookups, st.hits, st.cached_tokens, st.stored, st.evicted) == (2, 1, 4, 3, 0)
+    m = AnswerMetrics()
+    assert "ragbudget_prefix_cache_hits_total{" not in m.render().decode()  # nothing given yet
+    m.prefix_cache_state({"local-a": st})
+    text = m.render().decode()
+    assert 'ragbudget_prefix_cache_lookups_total{engine="local-a"} 2.0' in text
+    assert 'ragbudget_prefix_cache_hits_total{engine="local-a"} 1.0' in text
+    assert 'ragbudget_prefix_cache_tokens_total{engine="local-a"} 4.0' in text
+    assert 'ragbudget_prefix_cache_blocks_stored_total{engine="local-a"} 3.0' in text
+    assert 'ragbudget_prefix_cache_blocks{engine="local-a"} 3.0' in text
+    assert _sample(text, "ragbudget_prefix_cache_bytes", "local-a") == st.bytes == 3 * 576
+    assert _sample(text, "ragbudget_prefix_cache_budget_bytes", "local-a") == 1 << 20
+    assert "# TYPE ragbudget_prefix_cache_blocks_evicted_total counter" in text
+
+
+def test_prefix_cache_evictions_show_and_memory_stays_within_budget():
+    # One block is 2 layers x 2 x 4 x 8 floats + 16 logits = 576 bytes; a budget of two blocks.
+    cache = _filled_cache(budget_mib=2 * 576 / (1 << 20))
+    st = cache.stats()
+    assert st.evicted == 1 and st.blocks == 2 and st.bytes <= st.budget_bytes
+    m = AnswerMetrics()
+    m.prefix_cache_state({"default": st})
+    assert 'ragbudget_prefix_cache_blocks_evicted_total{engine="default"} 1.0' in m.render().decode()
+
+
+def test_services_report_only_loaded_generators_that_keep_a_prefix_cache(tmp_path):
+    from types import SimpleNamespace
+
+    from app.services import Services
+
+    services = Services(get_settings(data_dir=tmp_path))
+    assert services.prefix_cache_stats() == {}  # nothing built, and nothing is built by asking
+    assert "generator" not in services.__dict__
+    services.__dict__["generator"] = SimpleNamespace(prefix_cache=_filled_cache(budget_mib=1))
+    services.__dict__["_engine_generators"] = {"remote-b": SimpleNamespace()}  # a remote server
+    got = services.prefix_cache_stats()
+    assert list(got) == [services.engine_ids[0]] and got[services.engine_ids[0]].hits == 1
