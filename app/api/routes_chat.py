@@ -24,14 +24,12 @@ puts ``usage`` on every chunk: the prompt tokens and the completion tokens strea
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Request, Response
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from app.answer_state import AnswerEvent, AnswerRequest
@@ -42,7 +40,7 @@ from app.api.clock import arrival_of, auth_ms_of
 from app.api.deps import require_role
 from app.api.routes_answer import SSE_RESPONSE, get_pipeline
 from app.api.routes_models import check_model
-from app.api.streaming import iterate_in_thread
+from app.api.streaming import event_stream, final_summary, iterate_in_thread, openai_sse, sse
 from app.pipeline import AnswerPipeline
 from foundation.errors import ContextLengthExceeded, InvalidInput
 
@@ -207,11 +205,7 @@ async def chat_completions(body: ChatCompletionCreate, request: Request, respons
                                        x_ragbudget_on_budget_miss, prompt_param="messages")
 
     if not chat.stream:
-        final = first
-        async for ev in events:
-            final = ev
-        s = final.summary
-        assert s is not None, "the pipeline ends every stream with a summary"
+        s = await final_summary(first, events)
         response.headers.update(answer_headers(s))
         return ChatCompletion(
             id=response_id(s.receipt_id), created=created, model=chat.model,
@@ -236,35 +230,21 @@ async def chat_completions(body: ChatCompletionCreate, request: Request, respons
         if continuous and usage is not None:
             obj["usage"] = usage
         obj.update(extra)
-        return f"data: {json.dumps(obj, ensure_ascii=False, default=str)}\n\n".encode()
+        return sse(obj)
+
+    def end(s: Answer) -> list[bytes]:
+        usage = _usage(s).model_dump(mode="json")
+        out = [chunk({}, _finish_reason(s), usage=usage, ragbudget=_extra(s).model_dump(mode="json"))]
+        if include_usage:
+            out.append(sse({"id": cid, "object": "chat.completion.chunk", "created": created,
+                            "model": chat.model, "choices": [], "usage": usage}))
+        return out
 
     async def gen() -> AsyncIterator[bytes]:
         yield chunk({"role": "assistant", "content": ""}, usage=running_usage(0))
-        ev: AnswerEvent | None = first
-        try:
-            while ev is not None:
-                if ev.kind == "token":
-                    yield chunk({"content": ev.text}, usage=running_usage(ev.tokens))
-                elif ev.kind != "admitted":  # its figures went out as headers
-                    s = ev.summary
-                    assert s is not None, "final and error events carry the summary"
-                    if ev.kind == "error":
-                        err_obj = s.error.model_dump() if s.error is not None else None
-                        err = {"error": {"code": "generation_failed", "message": str(err_obj)}}
-                        yield f"data: {json.dumps(err)}\n\n".encode()
-                    usage = _usage(s).model_dump(mode="json")
-                    yield chunk({}, _finish_reason(s), usage=usage,
-                                ragbudget=_extra(s).model_dump(mode="json"))
-                    if include_usage:
-                        last = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                                "model": chat.model, "choices": [], "usage": usage}
-                        yield f"data: {json.dumps(last)}\n\n".encode()
-                ev = await anext(events, None)
-        except Exception as exc:  # never a silent cut
-            err = {"error": {"code": getattr(exc, "code", "internal_error"), "message": str(exc)}}
-            yield f"data: {json.dumps(err)}\n\n".encode()
-        yield b"data: [DONE]\n\n"
+        async for part in openai_sse(first, events, end=end,
+                                     token=lambda ev: chunk({"content": ev.text},
+                                                            usage=running_usage(ev.tokens))):
+            yield part
 
-    headers = plan_headers(plan) if plan is not None else {}
-    return StreamingResponse(gen(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+    return event_stream(gen(), plan_headers(plan) if plan is not None else {})

@@ -19,17 +19,14 @@ server's default, as on chat, cut to what the context window leaves), ``temperat
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Request, Response
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.answer_state import AnswerEvent
+from app.answer_types import Answer
 from app.api.answer_headers import answer_headers, plan_headers
 from app.api.chat_request import (
     MAX_USER_CHARS,
@@ -40,6 +37,7 @@ from app.api.chat_request import (
 from app.api.deps import require_role
 from app.api.routes_answer import MAX_REVISION, SSE_RESPONSE, get_pipeline
 from app.api.routes_chat import RagbudgetExtra, Usage, extra_of, finish_reason_of, start_answer, usage_of
+from app.api.streaming import event_stream, final_summary, openai_sse, sse
 from app.conversation import Turn
 from app.pipeline import AnswerPipeline
 from foundation.errors import InvalidInput, UnsupportedParameter
@@ -167,11 +165,7 @@ async def completions(body: CompletionCreate, request: Request, response: Respon
     first, events = await start_answer(chat, request, pipeline, x_ttft_budget_ms,
                                        x_ragbudget_on_budget_miss, prompt_param="prompt")
     if not chat.stream:
-        final = first
-        async for ev in events:
-            final = ev
-        s = final.summary
-        assert s is not None, "the pipeline ends every stream with a summary"
+        s = await final_summary(first, events)
         response.headers.update(answer_headers(s))
         return TextCompletion(id=completion_id(s.receipt_id), created=created, model=chat.model,
                               choices=[CompletionChoice(text=s.text, finish_reason=finish_reason_of(s))],
@@ -184,36 +178,18 @@ async def completions(body: CompletionCreate, request: Request, response: Respon
         obj = {"id": cid, "object": "text_completion", "created": created, "model": chat.model,
                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
         obj.update(extra)
-        return f"data: {json.dumps(obj, ensure_ascii=False, default=str)}\n\n".encode()
+        return sse(obj)
 
-    async def gen() -> AsyncIterator[bytes]:
-        ev: AnswerEvent | None = first
-        try:
-            while ev is not None:
-                if ev.kind == "token":
-                    yield chunk(ev.text)
-                elif ev.kind != "admitted":  # its figures went out as headers
-                    s = ev.summary
-                    assert s is not None, "final and error events carry the summary"
-                    if ev.kind == "error":
-                        err_obj = s.error.model_dump() if s.error is not None else None
-                        err = {"error": {"code": "generation_failed", "message": str(err_obj)}}
-                        yield f"data: {json.dumps(err)}\n\n".encode()
-                    yield chunk("", finish_reason_of(s), ragbudget=extra_of(s).model_dump(mode="json"))
-                    if chat.include_usage:
-                        usage = {"id": cid, "object": "text_completion", "created": created,
-                                 "model": chat.model, "choices": [],
-                                 "usage": usage_of(s).model_dump(mode="json")}
-                        yield f"data: {json.dumps(usage)}\n\n".encode()
-                ev = await anext(events, None)
-        except Exception as exc:  # never a silent cut
-            err = {"error": {"code": getattr(exc, "code", "internal_error"), "message": str(exc)}}
-            yield f"data: {json.dumps(err)}\n\n".encode()
-        yield b"data: [DONE]\n\n"
+    def end(s: Answer) -> list[bytes]:
+        out = [chunk("", finish_reason_of(s), ragbudget=extra_of(s).model_dump(mode="json"))]
+        if chat.include_usage:
+            out.append(sse({"id": cid, "object": "text_completion", "created": created,
+                            "model": chat.model, "choices": [],
+                            "usage": usage_of(s).model_dump(mode="json")}))
+        return out
 
-    headers = plan_headers(plan) if plan is not None else {}
-    return StreamingResponse(gen(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+    sse_body = openai_sse(first, events, token=lambda ev: chunk(ev.text), end=end)
+    return event_stream(sse_body, plan_headers(plan) if plan is not None else {})
 
 
 def completion_id(receipt_id: str | None) -> str:

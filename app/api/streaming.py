@@ -9,12 +9,18 @@ event, so generation stops within a token and the queue slot is freed.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+if TYPE_CHECKING:
+    from app.answer_state import AnswerEvent
+    from app.answer_types import Answer
 
 _DONE = object()
 # Answers running in worker threads, with their cancel events: finish_answers() cancels and waits
@@ -90,3 +96,52 @@ async def iterate_in_thread(make_iter: Callable[[], Iterator[Any]], cancel: thre
         cancel.set()
         # Let the worker finish its receipt without blocking the loop.
         await asyncio.to_thread(thread.join, 30.0)
+
+
+def sse(obj: Any) -> bytes:
+    """One server-sent event carrying ``obj`` as JSON (``data: ...`` and a blank line)."""
+    return f"data: {json.dumps(obj, ensure_ascii=False, default=str)}\n\n".encode()
+
+
+async def final_summary(first: AnswerEvent, events: AsyncIterator[AnswerEvent]) -> Answer:
+    """Drain an answer's events (``first`` and the rest) and return its final summary: what a
+    non-streamed OpenAI response is built from. Every answer's stream ends with one."""
+    final = first
+    async for ev in events:
+        final = ev
+    assert final.summary is not None, "the pipeline ends every stream with a summary"
+    return final.summary
+
+
+async def openai_sse(first: AnswerEvent, events: AsyncIterator[AnswerEvent], *,
+                     token: Callable[[AnswerEvent], bytes],
+                     end: Callable[[Answer], list[bytes]]) -> AsyncIterator[bytes]:
+    """An answer's events as OpenAI's server-sent stream: ``token(ev)`` for each token event,
+    ``end(summary)`` for the final (or error) event, preceded by an error event when the answer
+    failed, and ``data: [DONE]`` last. The admitted event is skipped (its figures go out as
+    headers). An exception from the pipeline is sent as an error event (its ``code``, else
+    ``internal_error``), never as a silent cut."""
+    ev: AnswerEvent | None = first
+    try:
+        while ev is not None:
+            if ev.kind == "token":
+                yield token(ev)
+            elif ev.kind != "admitted":
+                s = ev.summary
+                assert s is not None, "final and error events carry the summary"
+                if ev.kind == "error":
+                    err_obj = s.error.model_dump() if s.error is not None else None
+                    yield sse({"error": {"code": "generation_failed", "message": str(err_obj)}})
+                for chunk in end(s):
+                    yield chunk
+            ev = await anext(events, None)
+    except Exception as exc:  # never a silent cut
+        yield sse({"error": {"code": getattr(exc, "code", "internal_error"), "message": str(exc)}})
+    yield b"data: [DONE]\n\n"
+
+
+def event_stream(body: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
+    """A ``text/event-stream`` response of ``body`` that no proxy caches or buffers, with
+    ``headers`` (the answer's plan headers) added."""
+    return StreamingResponse(body, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
