@@ -13,9 +13,10 @@ one engine:
   identity, so two engines have two profiles and two corrections);
 * its load from other clients, for a llama.cpp engine (:class:`generation.remote_load.SlotLoad`,
   read in the background, priced in its queue's predicted wait: :mod:`app.genqueue`);
-* its health (:class:`EngineHealth`): an engine that refuses connections is taken out of
-  rotation, probed every ``engine_probe_interval_s`` in the background and brought back when
-  it answers.
+* its health (:class:`EngineHealth`): an engine that refuses connections, drops a stream
+  before its first token, or sends no first token in time (:meth:`FleetEngine.arm_first_token`,
+  :func:`first_token_allowed_ms`) is taken out of rotation, probed every
+  ``engine_probe_interval_s`` in the background and brought back when it answers.
 
 The pipeline plans each answer over every engine in rotation with
 :func:`latency_model.fleet.choose` (``app.pipeline``).
@@ -36,7 +37,8 @@ from app.plan_bands import PlanBands
 from app.settings import EngineConfig
 
 if TYPE_CHECKING:
-    from generation.base import Generator
+    from app.answer_state import Prepared
+    from generation.base import Generator, TokenStream
     from generation.remote_load import SlotLoad
     from latency_model.profile import Profile
 
@@ -48,17 +50,47 @@ _GONE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, ht
          ConnectionError)
 
 
+#: How many times its predicted p95 a remote engine may take to its first token (plus
+#: ``engine_first_token_margin_ms``) before it counts as stalled: the p95 is the fitted profile's
+#: 95th percentile residual band, so twice it is far past the noise the profile was fitted on.
+FIRST_TOKEN_P95_FACTOR = 2.0
+
+
 def engine_gone(exc: BaseException) -> bool:
     """True when ``exc`` (or an exception it was raised from) says the engine cannot be reached:
-    a refused or dropped connection (:data:`_GONE`), not an answer the engine gave."""
+    a refused or dropped connection (:data:`_GONE`), or a request it was sent and gave no first
+    token for in time (code ``first_token_timeout``, :mod:`generation.remote_deadline`), not an
+    answer the engine gave. A first-token deadline already due before the request was sent
+    (``details["sent"]`` False) says nothing about the engine."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         if isinstance(cur, _GONE):
             return True
+        if getattr(cur, "code", None) == "first_token_timeout":
+            return bool(getattr(cur, "details", {}).get("sent", True))
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     return False
+
+
+def first_token_allowed_ms(p95_ms: float, margin_ms: float, budget_left_ms: float | None = None) -> float:
+    """How long (ms, from the request's send) a remote engine has to send its first token.
+
+    ``FIRST_TOKEN_P95_FACTOR * p95_ms + margin_ms``, where ``p95_ms`` is the plan's predicted p95
+    TTFT on that engine from the send (the prefill of the chosen k plus the wait the engine's own
+    queue adds); bounded by ``budget_left_ms`` (what is left of a budget the answer must make,
+    ``on_budget_miss: reject``; None: not bounded), and never below 0.
+
+    Raises:
+        ValueError: ``p95_ms`` or ``margin_ms`` negative or not finite.
+    """
+    if not (0.0 <= p95_ms < float("inf")) or not (0.0 <= margin_ms < float("inf")):
+        raise ValueError(f"p95_ms and margin_ms must be finite and >= 0, got {p95_ms}, {margin_ms}")
+    allowed = FIRST_TOKEN_P95_FACTOR * p95_ms + margin_ms
+    if budget_left_ms is not None:
+        allowed = min(allowed, budget_left_ms)
+    return max(allowed, 0.0)
 
 
 class EngineHealth:
@@ -217,6 +249,27 @@ class FleetEngine:
         """The background reader of the engine's ``/slots`` (None before :meth:`start_load`, and
         for the local engine)."""
         return self._load
+
+    def arm_first_token(self, stream: TokenStream | None, p: Prepared) -> float | None:
+        """Set ``stream``'s first-token deadline (:attr:`TokenStream.first_token_deadline_t`) for
+        the answer ``p`` granted on this engine now: :func:`first_token_allowed_ms` of the plan's
+        p95 for the chosen k plus the wait the engine's own queue adds
+        (:meth:`GenerationQueue.engine_wait_ms`), with ``engine_first_token_margin_ms``, bounded
+        by what is left of the budget when the answer must make it (``on_budget_miss:
+        reject``). Returns the ms allowed; None (no deadline) for the local engine, which is its
+        own queue, and for no stream."""
+        if stream is None or self.config.kind != "remote":
+            return None
+        settings = self._pipeline.settings
+        now = time.perf_counter()
+        rows = p.plan.rows
+        k = min(p.plan.chosen_k or 0, len(rows) - 1) if rows else 0
+        p95_ms = (float(rows[k].ttft_p95_ms) if rows else 0.0) + float(self.queue.engine_wait_ms())
+        hard = (p.request.on_budget_miss or settings.on_budget_miss) == "reject"
+        left_ms = p.budget_ms - (now - p.arrival_t) * 1000.0 if hard else None
+        allowed = first_token_allowed_ms(p95_ms, float(settings.engine_first_token_margin_ms), left_ms)
+        stream.first_token_deadline_t = now + allowed / 1000.0
+        return allowed
 
     def predicted_wait_ms(self) -> float:
         """The queue's predicted wait, the load from other clients included (:mod:`app.genqueue`)."""
