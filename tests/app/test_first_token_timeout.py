@@ -6,7 +6,7 @@ Unit level: the fleet of tests/app/test_fleet_routing.py (fake generators, real 
 store); engine ``fast``'s generator stands for a stalled server, waiting for the deadline the
 pipeline set on its stream and then failing as the remote backend does
 (:func:`generation.remote_deadline.first_token_timeout`). The backend's own side of it is
-tests/generation/test_remote_deadline.py, the real server's tests/engine/test_first_token_llama.py.
+tests/generation/test_remote_deadline.py, the real server's tests/engine/test_fleet_llama.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The server here is a raw loopback socket that stalls where a test needs it to: before the
 response headers (as a stopped llama.cpp server, which sends its headers with its first
 result), or after them (as vLLM, which sends its headers at once). The same fault on a real
-llama.cpp server (stopped with SIGSTOP) is tests/engine/test_first_token_llama.py.
+llama.cpp server (stopped with SIGSTOP) is tests/engine/test_fleet_llama.py.
 """
 
 from __future__ import annotations
