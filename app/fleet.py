@@ -50,6 +50,14 @@ _GONE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, ht
          ConnectionError)
 
 
+#: The share of a remote engine's KV cache in use (its ``/metrics``, vLLM and SGLang:
+#: :data:`generation.remote_load.KV_USAGE_METRICS`) from which a new request is priced as
+#: waiting for a running one to end: a server with (almost) no free KV blocks queues or preempts
+#: rather than admitting another prompt (vLLM's scheduler admits a request only when its blocks
+#: can be allocated), so its free slots are not free. 0.9 leaves room for one long prompt on a
+#: cache of tens of thousands of tokens; a judgement, not a measured constant.
+KV_FULL_FRACTION = 0.9
+
 #: How many times its predicted p95 a remote engine may take to its first token (plus
 #: ``engine_first_token_margin_ms``) before it counts as stalled: the p95 is the fitted profile's
 #: 95th percentile residual band, so twice it is far past the noise the profile was fitted on.
@@ -91,6 +99,19 @@ def first_token_allowed_ms(p95_ms: float, margin_ms: float, budget_left_ms: floa
     if budget_left_ms is not None:
         allowed = min(allowed, budget_left_ms)
     return max(allowed, 0.0)
+
+
+def kv_full_load(remaining_ms: list[float], kv_usage: float | None, slots: int) -> list[float]:
+    """The engine's busy-slot list (remaining ms each) as the queue prices it, given its KV-cache
+    use: below :data:`KV_FULL_FRACTION` (or unknown) unchanged; at or above, padded with the
+    mean remaining time of the busy slots to at least ``slots`` entries, so a new request is
+    priced as waiting for one of them to end (:meth:`app.genqueue.GenerationQueue.engine_wait_ms`)
+    rather than as taking a free slot. An empty list stays empty (nothing runs: the cache is
+    held by cached prefixes the server can evict)."""
+    if kv_usage is None or kv_usage < KV_FULL_FRACTION or not remaining_ms or len(remaining_ms) >= slots:
+        return remaining_ms
+    mean = sum(remaining_ms) / len(remaining_ms)
+    return remaining_ms + [mean] * (slots - len(remaining_ms))
 
 
 class EngineHealth:
@@ -217,8 +238,9 @@ class FleetEngine:
         unlimited or unreported: ``default_max_new_tokens`` minus those decoded, at least 1), and
         each request the engine keeps waiting behind its slots ``default_max_new_tokens``, x the
         profile's TPOT at half the engine's context window (ms). The waiting requests count as
-        foreign work ahead of a new answer (:meth:`app.genqueue.GenerationQueue.foreign`). No-op
-        for the local engine (its queue is the engine)."""
+        foreign work ahead of a new answer (:meth:`app.genqueue.GenerationQueue.foreign`). An
+        engine whose KV cache is near full counts as having every slot busy
+        (:func:`kv_full_load`). No-op for the local engine (its queue is the engine)."""
         if self.config.kind != "remote" or not self.config.base_url:
             return
         with self._load_lock:
@@ -234,13 +256,16 @@ class FleetEngine:
         tpot = float(profile.predict_tpot_ms(max(window // 2, 1)))
         load = self._load
 
+        queue = self.queue
+
         def remaining() -> list[float] | None:
             reading = load.reading()
             if reading is None or not (reading.busy or reading.waiting):
                 return None
-            return ([max(remain if remain >= 0 else default_new - decoded, 1) * tpot
-                     for decoded, remain in reading.busy]
-                    + [max(default_new, 1) * tpot] * reading.waiting)
+            out = ([max(remain if remain >= 0 else default_new - decoded, 1) * tpot
+                    for decoded, remain in reading.busy]
+                   + [max(default_new, 1) * tpot] * reading.waiting)
+            return kv_full_load(out, reading.kv_usage, queue.slots)
 
         self.queue.engine_load = remaining
 
@@ -291,7 +316,8 @@ class FleetEngine:
             self.close()
 
     def status(self) -> dict[str, Any]:
-        """A JSON-ready summary: id, kind, base URL, health, slots, queue depth, predicted wait."""
+        """A JSON-ready summary: id, kind, base URL, health, slots, queue depth, predicted wait,
+        the engine's own load (busy slots, waiting requests, KV-cache use) as last read."""
         reading = self._load.reading() if self._load is not None else None
         return {"id": self.id, "kind": self.config.kind, "base_url": self.config.base_url,
                 "healthy": self.healthy, "down_reason": self.health.reason,
@@ -299,4 +325,5 @@ class FleetEngine:
                 "in_flight": self.in_flight(), "predicted_wait_ms": self.predicted_wait_ms(),
                 "foreign_busy": len(self.queue.foreign()),
                 "engine_busy": None if reading is None else len(reading.busy),
-                "engine_waiting": None if reading is None else reading.waiting}
+                "engine_waiting": None if reading is None else reading.waiting,
+                "engine_kv_usage": None if reading is None else reading.kv_usage}
