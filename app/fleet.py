@@ -13,9 +13,10 @@ one engine:
   identity, so two engines have two profiles and two corrections);
 * its load from other clients, for a llama.cpp engine (:class:`generation.remote_load.SlotLoad`,
   read in the background, priced in its queue's predicted wait: :mod:`app.genqueue`);
-* its health (:class:`EngineHealth`): an engine that refuses connections is taken out of
-  rotation, probed every ``engine_probe_interval_s`` in the background and brought back when
-  it answers.
+* its health (:class:`EngineHealth`): an engine that refuses connections, drops a stream
+  before its first token, or sends no first token in time (:meth:`FleetEngine.arm_first_token`,
+  :func:`first_token_allowed_ms`) is taken out of rotation, probed every
+  ``engine_probe_interval_s`` in the background and brought back when it answers.
 
 The pipeline plans each answer over every engine in rotation with
 :func:`latency_model.fleet.choose` (``app.pipeline``).
@@ -36,7 +37,8 @@ from app.plan_bands import PlanBands
 from app.settings import EngineConfig
 
 if TYPE_CHECKING:
-    from generation.base import Generator
+    from app.answer_state import Prepared
+    from generation.base import Generator, TokenStream
     from generation.remote_load import SlotLoad
     from latency_model.profile import Profile
 
@@ -48,17 +50,68 @@ _GONE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, ht
          ConnectionError)
 
 
+#: The share of a remote engine's KV cache in use (its ``/metrics``, vLLM and SGLang:
+#: :data:`generation.remote_load.KV_USAGE_METRICS`) from which a new request is priced as
+#: waiting for a running one to end: a server with (almost) no free KV blocks queues or preempts
+#: rather than admitting another prompt (vLLM's scheduler admits a request only when its blocks
+#: can be allocated), so its free slots are not free. 0.9 leaves room for one long prompt on a
+#: cache of tens of thousands of tokens; a judgement, not a measured constant.
+KV_FULL_FRACTION = 0.9
+
+#: How many times its predicted p95 a remote engine may take to its first token (plus
+#: ``engine_first_token_margin_ms``) before it counts as stalled: the p95 is the fitted profile's
+#: 95th percentile residual band, so twice it is far past the noise the profile was fitted on.
+FIRST_TOKEN_P95_FACTOR = 2.0
+
+
 def engine_gone(exc: BaseException) -> bool:
     """True when ``exc`` (or an exception it was raised from) says the engine cannot be reached:
-    a refused or dropped connection (:data:`_GONE`), not an answer the engine gave."""
+    a refused or dropped connection (:data:`_GONE`), or a request it was sent and gave no first
+    token for in time (code ``first_token_timeout``, :mod:`generation.remote_deadline`), not an
+    answer the engine gave. A first-token deadline already due before the request was sent
+    (``details["sent"]`` False) says nothing about the engine."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         if isinstance(cur, _GONE):
             return True
+        if getattr(cur, "code", None) == "first_token_timeout":
+            return bool(getattr(cur, "details", {}).get("sent", True))
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     return False
+
+
+def first_token_allowed_ms(p95_ms: float, margin_ms: float, budget_left_ms: float | None = None) -> float:
+    """How long (ms, from the request's send) a remote engine has to send its first token.
+
+    ``FIRST_TOKEN_P95_FACTOR * p95_ms + margin_ms``, where ``p95_ms`` is the plan's predicted p95
+    TTFT on that engine from the send (the prefill of the chosen k plus the wait the engine's own
+    queue adds); bounded by ``budget_left_ms`` (what is left of a budget the answer must make,
+    ``on_budget_miss: reject``; None: not bounded), and never below 0.
+
+    Raises:
+        ValueError: ``p95_ms`` or ``margin_ms`` negative or not finite.
+    """
+    if not (0.0 <= p95_ms < float("inf")) or not (0.0 <= margin_ms < float("inf")):
+        raise ValueError(f"p95_ms and margin_ms must be finite and >= 0, got {p95_ms}, {margin_ms}")
+    allowed = FIRST_TOKEN_P95_FACTOR * p95_ms + margin_ms
+    if budget_left_ms is not None:
+        allowed = min(allowed, budget_left_ms)
+    return max(allowed, 0.0)
+
+
+def kv_full_load(remaining_ms: list[float], kv_usage: float | None, slots: int) -> list[float]:
+    """The engine's busy-slot list (remaining ms each) as the queue prices it, given its KV-cache
+    use: below :data:`KV_FULL_FRACTION` (or unknown) unchanged; at or above, padded with the
+    mean remaining time of the busy slots to at least ``slots`` entries, so a new request is
+    priced as waiting for one of them to end (:meth:`app.genqueue.GenerationQueue.engine_wait_ms`)
+    rather than as taking a free slot. An empty list stays empty (nothing runs: the cache is
+    held by cached prefixes the server can evict)."""
+    if kv_usage is None or kv_usage < KV_FULL_FRACTION or not remaining_ms or len(remaining_ms) >= slots:
+        return remaining_ms
+    mean = sum(remaining_ms) / len(remaining_ms)
+    return remaining_ms + [mean] * (slots - len(remaining_ms))
 
 
 class EngineHealth:
@@ -185,8 +238,9 @@ class FleetEngine:
         unlimited or unreported: ``default_max_new_tokens`` minus those decoded, at least 1), and
         each request the engine keeps waiting behind its slots ``default_max_new_tokens``, x the
         profile's TPOT at half the engine's context window (ms). The waiting requests count as
-        foreign work ahead of a new answer (:meth:`app.genqueue.GenerationQueue.foreign`). No-op
-        for the local engine (its queue is the engine)."""
+        foreign work ahead of a new answer (:meth:`app.genqueue.GenerationQueue.foreign`). An
+        engine whose KV cache is near full counts as having every slot busy
+        (:func:`kv_full_load`). No-op for the local engine (its queue is the engine)."""
         if self.config.kind != "remote" or not self.config.base_url:
             return
         with self._load_lock:
@@ -202,13 +256,16 @@ class FleetEngine:
         tpot = float(profile.predict_tpot_ms(max(window // 2, 1)))
         load = self._load
 
+        queue = self.queue
+
         def remaining() -> list[float] | None:
             reading = load.reading()
             if reading is None or not (reading.busy or reading.waiting):
                 return None
-            return ([max(remain if remain >= 0 else default_new - decoded, 1) * tpot
-                     for decoded, remain in reading.busy]
-                    + [max(default_new, 1) * tpot] * reading.waiting)
+            out = ([max(remain if remain >= 0 else default_new - decoded, 1) * tpot
+                    for decoded, remain in reading.busy]
+                   + [max(default_new, 1) * tpot] * reading.waiting)
+            return kv_full_load(out, reading.kv_usage, queue.slots)
 
         self.queue.engine_load = remaining
 
@@ -217,6 +274,27 @@ class FleetEngine:
         """The background reader of the engine's ``/slots`` (None before :meth:`start_load`, and
         for the local engine)."""
         return self._load
+
+    def arm_first_token(self, stream: TokenStream | None, p: Prepared) -> float | None:
+        """Set ``stream``'s first-token deadline (:attr:`TokenStream.first_token_deadline_t`) for
+        the answer ``p`` granted on this engine now: :func:`first_token_allowed_ms` of the plan's
+        p95 for the chosen k plus the wait the engine's own queue adds
+        (:meth:`GenerationQueue.engine_wait_ms`), with ``engine_first_token_margin_ms``, bounded
+        by what is left of the budget when the answer must make it (``on_budget_miss:
+        reject``). Returns the ms allowed; None (no deadline) for the local engine, which is its
+        own queue, and for no stream."""
+        if stream is None or self.config.kind != "remote":
+            return None
+        settings = self._pipeline.settings
+        now = time.perf_counter()
+        rows = p.plan.rows
+        k = min(p.plan.chosen_k or 0, len(rows) - 1) if rows else 0
+        p95_ms = (float(rows[k].ttft_p95_ms) if rows else 0.0) + float(self.queue.engine_wait_ms())
+        hard = (p.request.on_budget_miss or settings.on_budget_miss) == "reject"
+        left_ms = p.budget_ms - (now - p.arrival_t) * 1000.0 if hard else None
+        allowed = first_token_allowed_ms(p95_ms, float(settings.engine_first_token_margin_ms), left_ms)
+        stream.first_token_deadline_t = now + allowed / 1000.0
+        return allowed
 
     def predicted_wait_ms(self) -> float:
         """The queue's predicted wait, the load from other clients included (:mod:`app.genqueue`)."""
@@ -238,7 +316,8 @@ class FleetEngine:
             self.close()
 
     def status(self) -> dict[str, Any]:
-        """A JSON-ready summary: id, kind, base URL, health, slots, queue depth, predicted wait."""
+        """A JSON-ready summary: id, kind, base URL, health, slots, queue depth, predicted wait,
+        the engine's own load (busy slots, waiting requests, KV-cache use) as last read."""
         reading = self._load.reading() if self._load is not None else None
         return {"id": self.id, "kind": self.config.kind, "base_url": self.config.base_url,
                 "healthy": self.healthy, "down_reason": self.health.reason,
@@ -246,4 +325,5 @@ class FleetEngine:
                 "in_flight": self.in_flight(), "predicted_wait_ms": self.predicted_wait_ms(),
                 "foreign_busy": len(self.queue.foreign()),
                 "engine_busy": None if reading is None else len(reading.busy),
-                "engine_waiting": None if reading is None else reading.waiting}
+                "engine_waiting": None if reading is None else reading.waiting,
+                "engine_kv_usage": None if reading is None else reading.kv_usage}

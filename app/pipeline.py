@@ -667,6 +667,7 @@ class AnswerPipeline:
                     if reject:
                         self._check_reachable(prepared, prepared.plan.overhead_ms, 0.0, "granted")
                     stream, refused = self._start(gen, prepared, params, cancel)
+                    engine.arm_first_token(stream, prepared)  # a remote engine's deadline (app.fleet)
                     self.arrivals.left(arrival_key)  # now counted among the prefills granted
                 # Before the first token is read, outside queue_ms (inside ttft_ms).
                 receipt_id = self.receipts.open_journal(prepared, params, state)
@@ -796,8 +797,9 @@ class AnswerPipeline:
         (:func:`latency_model.fleet.choose` with the time spent so far); wait for a place there,
         bind k on it (:meth:`bind`) and start it there (:meth:`_start`, ``state.granted_t`` set
         then). Returns ``(prepared, engine, entered slot, stream, refusal, ticket)`` (stream and
-        refusal as :meth:`_start`); None when no other engine is in rotation or the wait was
-        cancelled. The plan's ``fleet`` record says ``retried_from`` and why."""
+        refusal as :meth:`_start`); None when no other engine is in rotation, the answer must
+        make its budget (``on_budget_miss: reject``) and no engine can make k = 0 in what is left
+        of it, or the wait was cancelled. The plan's ``fleet`` record says ``retried_from`` and why."""
         others = [e for e in self.engines.values() if e.healthy and e is not failed]
         if not others:
             return None
@@ -807,6 +809,8 @@ class AnswerPipeline:
                             int(e.generator.context_window), scaffold_cached=look["cached"],
                             in_flight=e.in_flight()) for e, look in looks]
         choice = self._choose(views, p.full_prompt, p.budget_ms, p.max_new_tokens, spent)
+        if not choice.fits and (p.request.on_budget_miss or self.settings.on_budget_miss) == "reject":
+            return None  # no budget left for even k = 0 elsewhere: the answer ends with the error
         target, plan_there = self._target(choice, views, p.full_prompt, p.budget_ms, p.max_new_tokens, spent,
                                      looks)
         engine = self.engines[target]
@@ -828,6 +832,7 @@ class AnswerPipeline:
                 ticket.prefill_ms = self._ticket(moved).prefill_ms
                 moved = replace(moved, granted_band=engine.bands.batched(moved.profile, moved.profile))
                 stream, refused = self._start(engine.generator, moved, params, cancel)
+                engine.arm_first_token(stream, moved)
                 state.granted_t = self._granted_t(stream)
         except BaseException:
             slot.__exit__(None, None, None)

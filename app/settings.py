@@ -146,6 +146,12 @@ class Settings(BaseSettings):
                                            "taken out of rotation (connection refused) is probed, "
                                            "and how often a llama.cpp engine's /slots is read for "
                                            "the load of its other clients (seconds).")
+    engine_first_token_margin_ms: float = Field(
+        1000.0, ge=0, le=600_000, description="A remote engine that has sent no first token "
+        "within twice the plan's predicted p95 (the engine's own queue included) plus this "
+        "margin (ms) is treated as having dropped the stream: taken out of rotation and probed, "
+        "the answer retried once elsewhere (app.fleet); for an answer that must make its budget "
+        "(on_budget_miss: reject) the wait is also bounded by what is left of the budget.")
 
     # --- answers ---------------------------------------------------------------
     default_ttft_budget_ms: float = Field(1000.0, gt=0)

@@ -209,6 +209,11 @@ class ErrorCode(StrEnum):
     UNKNOWN_ENGINE = ("unknown_engine", NotFound, 404, False,
                       "an engine id (a receipt's recorded engine, `ragbudget calibrate --engine`) "
                       "that is not in the configured engine list (`RAGBUDGET_ENGINES`)")
+    FIRST_TOKEN_TIMEOUT = ("first_token_timeout", BackendError, 500, True,
+                           "a remote engine sent no first token within what the plan allowed "
+                           "(`engine_first_token_margin_ms`); it is taken out of rotation and the "
+                           "answer is retried once elsewhere when budget is left, else it fails "
+                           "with this code and its receipt")
     ENGINE_UNAVAILABLE = ("engine_unavailable", Unavailable, 503, True,
                           "every configured engine is out of rotation (refusing connections); "
                           "each is probed and rejoins when it answers again")

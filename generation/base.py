@@ -243,6 +243,12 @@ class TokenStream(Iterator[TokenEvent]):
         accepted_t: ``time.perf_counter()`` when a backend that queues answers itself (the local
             engine) took this one, at the ``stream()`` call; ``None`` for a backend that starts
             the answer at the first ``next()``.
+        first_token_deadline_t: ``time.perf_counter()`` seconds by which a remote server must
+            send the answer's first token, set by the caller before the first ``next()``
+            (``app.fleet.FleetEngine.arm_first_token``); a remote stream that has none by then
+            ends with ``BackendError`` code ``first_token_timeout`` (:mod:`generation.remote`).
+            ``None``: no such deadline (the read timeout per chunk only). The local engine
+            ignores it.
 
     Raises (from the constructor): what the body raises before its first ``yield``.
     """
@@ -250,6 +256,7 @@ class TokenStream(Iterator[TokenEvent]):
     def __init__(self, body: Callable[[TokenStream], StreamBody]) -> None:
         self.stats: GenerationStats | None = None
         self.accepted_t: float | None = None
+        self.first_token_deadline_t: float | None = None
         self._body = body(self)
         self._ahead: TokenEvent | None = None
         self._ended = False

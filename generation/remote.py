@@ -39,6 +39,12 @@ import httpx
 from foundation.errors import BackendError, InvalidInput, RagBudgetError
 from foundation.hashing import sha256_ints
 from generation.base import GenerationStats, GenParams, StreamBody, TokenEvent, TokenStream
+from generation.remote_deadline import (
+    FirstTokenWatch,
+    first_token_timeout,
+    header_timeout,
+    restore_read_timeout,
+)
 from generation.remote_text import TextPromptCodec
 from retrieval.tokens import TextTokenizer
 
@@ -221,6 +227,8 @@ class RemoteGenerator:
                                 finish_reason="stop", prefill_ms=0.0, first_token_t=None,
                                 last_token_t=None, params=params)
         texts: list[str] = []
+        deadline_t: float | None = None
+        watch: FirstTokenWatch | None = None
         try:
             stats.start_t = time.perf_counter()
             if cancel is not None and cancel.is_set():
@@ -233,20 +241,32 @@ class RemoteGenerator:
                 engine_prompt = self._text.verify(prompt_ids, payload["prompt"])
                 stats.engine_prompt = engine_prompt.to_dict() if engine_prompt else None
             done = False
-            with self._client.stream("POST", url, json=payload) as resp:
+            deadline_t = stream.first_token_deadline_t
+            extra: dict[str, Any] = {}
+            if deadline_t is not None:
+                if time.perf_counter() >= deadline_t:  # due before it was sent: not sent
+                    raise first_token_timeout(self.base_url, 0.0, (deadline_t - stats.start_t) * 1000.0,
+                                              sent=False)
+                extra["timeout"] = header_timeout(self._client.timeout, deadline_t, time.perf_counter())
+            with self._client.stream("POST", url, json=payload, **extra) as resp:
                 if resp.status_code >= 400:
                     body = resp.read().decode("utf-8", "replace")[:500]
                     raise BackendError(f"remote server answered HTTP {resp.status_code}: {body}",
                                        status=resp.status_code)
+                if deadline_t is not None:
+                    restore_read_timeout(resp, self._client.timeout)
+                    watch = FirstTokenWatch(resp, deadline_t)
                 for data in iter_sse_data(resp.iter_lines()):
                     if data.strip() == "[DONE]":
-                        done = True
+                        done = watch is None or watch.disarm() or stats.first_token_t is not None
                         break
                     t = time.perf_counter()
                     text, finish = self._parse_chunk(data, mode, stats)
                     if finish:
                         stats.finish_reason = "length" if finish == "length" else "stop"
                     if text:
+                        if stats.first_token_t is None and watch is not None and not watch.disarm():
+                            break  # the deadline passed as the token came: timed out
                         index = len(texts)
                         texts.append(text)
                         if stats.first_token_t is None:
@@ -257,6 +277,8 @@ class RemoteGenerator:
                     if cancel is not None and cancel.is_set():
                         stats.finish_reason = "cancelled"
                         return
+            if watch is not None and watch.fired and stats.first_token_t is None:
+                raise self._timed_out(stats, deadline_t)
             if not done:
                 raise BackendError("remote stream ended without [DONE]; the answer is incomplete",
                                    chunks=len(texts))
@@ -268,10 +290,25 @@ class RemoteGenerator:
             raise
         except (httpx.HTTPError, ValueError) as exc:
             stats.finish_reason, stats.error = "error", f"{type(exc).__name__}: {exc}"
+            if stats.first_token_t is None and deadline_t is not None and (
+                    (watch is not None and watch.fired)
+                    or (isinstance(exc, httpx.TimeoutException) and time.perf_counter() >= deadline_t)):
+                err = self._timed_out(stats, deadline_t)
+                stats.error = str(err)
+                raise err from exc
             raise BackendError(f"remote generation failed: {exc}") from exc
         finally:
+            if watch is not None:
+                watch.disarm()
             stats.output_token_ids = self.tokenizer.encode("".join(texts)) if texts else []
             stream.stats = stats
+
+    def _timed_out(self, stats: GenerationStats, deadline_t: float | None) -> BackendError:
+        """The ``first_token_timeout`` error of a stream sent at ``stats.start_t`` whose first
+        token did not come by ``deadline_t`` (:mod:`generation.remote_deadline`)."""
+        start = stats.start_t if stats.start_t is not None else time.perf_counter()
+        allowed = None if deadline_t is None else (deadline_t - start) * 1000.0
+        return first_token_timeout(self.base_url, (time.perf_counter() - start) * 1000.0, allowed)
 
     @staticmethod
     def _parse_chunk(data: str, mode: str, stats: GenerationStats) -> tuple[str, str | None]:

@@ -14,7 +14,13 @@ ragbudget's own queue cannot see them. Two signals are read, beside the engine's
   ``llamacpp:requests_deferred``; vLLM ``vllm:num_requests_running`` /
   ``vllm:num_requests_waiting``; SGLang (``--enable-metrics``) ``sglang:num_running_reqs`` /
   ``sglang:num_queue_reqs`` (each summed over its label sets). ``/slots`` cannot see the
-  requests a llama.cpp server has queued behind its slots (deferred); ``/metrics`` can.
+  requests a llama.cpp server has queued behind its slots (deferred); ``/metrics`` can. From the
+  same body, the share of the engine's KV cache in use (0..1), by the first gauge of
+  :data:`KV_USAGE_METRICS` it serves: vLLM ``vllm:kv_cache_usage_perc`` (V1; "1 means 100
+  percent usage"), its older name ``vllm:gpu_cache_usage_perc``, SGLang ``sglang:token_usage``
+  (the share of its KV token pool in use); the largest over the label sets (the fullest
+  engine of a server that runs several decides whether a new request waits). llama.cpp's
+  server reports none (its slots are its limit).
 
 :class:`SlotLoad` reads both every ``interval_s`` seconds on a daemon thread and keeps the
 latest reading (:class:`SlotReading`): the answer path never makes an HTTP call for it, it
@@ -42,6 +48,12 @@ QUEUE_METRICS: tuple[tuple[str, str], ...] = (
     ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
 )
 
+#: KV-cache use gauges (a fraction, 0..1), in the order they are looked for. Sources: vLLM docs
+#: "Production Metrics" / ``vllm/v1/metrics/loggers.py`` (``kv_cache_usage_perc``, earlier
+#: ``gpu_cache_usage_perc``); SGLang docs "Production Metrics" (``sglang:token_usage``).
+KV_USAGE_METRICS: tuple[str, ...] = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
+                                     "sglang:token_usage")
+
 
 @dataclass(frozen=True)
 class SlotReading:
@@ -51,13 +63,15 @@ class SlotReading:
     ``(n_decoded, n_remain)`` pair per request the engine is running (``n_remain`` -1: no limit,
     or not reported; from ``/metrics`` alone every pair is ``(0, -1)``); ``t``:
     ``time.perf_counter()`` seconds when it was read; ``waiting``: requests the engine holds in
-    its own queue, not started (0 when it does not say).
+    its own queue, not started (0 when it does not say); ``kv_usage``: the share of its KV cache
+    in use, 0..1 (None when it does not say: :data:`KV_USAGE_METRICS`).
     """
 
     total: int
     busy: list[tuple[int, int]]
     t: float
     waiting: int = 0
+    kv_usage: float | None = None
 
 
 def parse_slots(body: Any, t: float) -> SlotReading | None:
@@ -79,23 +93,50 @@ def parse_slots(body: Any, t: float) -> SlotReading | None:
     return SlotReading(total=len(body), busy=busy, t=t)
 
 
+def _samples(text: str) -> dict[str, list[float]] | None:
+    """Every sample's value by sample name (one per label set) of a Prometheus text body;
+    None when it is not Prometheus text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, list[float]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                values.setdefault(sample.name, []).append(float(sample.value))
+    except ValueError:
+        return None
+    return values
+
+
+def _queue(values: dict[str, list[float]]) -> tuple[int, int] | None:
+    for running, waiting in QUEUE_METRICS:
+        if running in values:
+            return max(int(sum(values[running])), 0), max(int(sum(values.get(waiting, [0.0]))), 0)
+    return None
+
+
+def _kv_usage(values: dict[str, list[float]]) -> float | None:
+    for name in KV_USAGE_METRICS:
+        got = [v for v in values.get(name, []) if v == v]  # NaN: not a reading
+        if got:
+            return min(max(max(got), 0.0), 1.0)
+    return None
+
+
 def parse_queue_metrics(text: str) -> tuple[int, int] | None:
     """``(running, waiting)`` requests from a Prometheus text body, by the first family of
     :data:`QUEUE_METRICS` present (each gauge summed over its label sets; a missing waiting
     gauge counts 0); None when the body names none of them or is not Prometheus text."""
-    from prometheus_client.parser import text_string_to_metric_families
+    values = _samples(text)
+    return None if values is None else _queue(values)
 
-    values: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
-    except ValueError:
-        return None
-    for running, waiting in QUEUE_METRICS:
-        if running in values:
-            return max(int(values[running]), 0), max(int(values.get(waiting, 0.0)), 0)
-    return None
+
+def parse_kv_usage(text: str) -> float | None:
+    """The share of the engine's KV cache in use (0..1, clipped) from a Prometheus text body: the
+    first gauge of :data:`KV_USAGE_METRICS` present, the largest over its label sets; None when
+    the body names none of them (llama.cpp) or is not Prometheus text."""
+    values = _samples(text)
+    return None if values is None else _kv_usage(values)
 
 
 class SlotLoad:
@@ -164,36 +205,38 @@ class SlotLoad:
         self.supported = True
         return True, reading
 
-    def _read_metrics(self, client: httpx.Client | None) -> tuple[bool, tuple[int, int] | None]:
-        """``(answered, (running, waiting))`` of ``/metrics``; marks it unsupported when it is not
-        served or names no known queue family."""
+    def _read_metrics(self, client: httpx.Client | None) -> tuple[bool, tuple[int, int, float | None] | None]:
+        """``(answered, (running, waiting, kv_usage))`` of ``/metrics``; marks it unsupported
+        when it is not served or names no known queue family."""
         if self.metrics_supported is False:
             return False, None
         try:
             r = self._get(client, self.metrics_url)
         except httpx.HTTPError:
             return False, None
-        got = parse_queue_metrics(r.text) if r.status_code == 200 else None
-        if got is None:
+        values = _samples(r.text) if r.status_code == 200 else None
+        queue = _queue(values) if values is not None else None
+        if values is None or queue is None:
             self.metrics_supported = False if self.metrics_supported is None else self.metrics_supported
             return True, None
         self.metrics_supported = True
-        return True, got
+        return True, (queue[0], queue[1], _kv_usage(values))
 
     def read_once(self, client: httpx.Client | None = None) -> SlotReading | None:
         """Read ``/slots`` and ``/metrics`` now and keep the reading; None when the server gave
         neither (it did not answer, or has neither route).
 
-        With both, ``busy`` comes from ``/slots`` and ``waiting`` from ``/metrics``; with
-        ``/metrics`` alone, ``busy`` holds one ``(0, -1)`` per running request.
+        With both, ``busy`` comes from ``/slots`` and ``waiting`` and ``kv_usage`` from
+        ``/metrics``; with ``/metrics`` alone, ``busy`` holds one ``(0, -1)`` per running request.
         """
         _, slots = self._read_slots(client)
         _, queue = self._read_metrics(client)
         t = time.perf_counter()
         if slots is not None:
-            reading = SlotReading(slots.total, slots.busy, slots.t, queue[1] if queue else 0)
+            reading = SlotReading(slots.total, slots.busy, slots.t, queue[1] if queue else 0,
+                                  queue[2] if queue else None)
         elif queue is not None:
-            reading = SlotReading(0, [(0, -1)] * queue[0], t, queue[1])
+            reading = SlotReading(0, [(0, -1)] * queue[0], t, queue[1], queue[2])
         else:
             return None  # unreachable now (or neither route): the last reading ages out
         with self._lock:

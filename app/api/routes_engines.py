@@ -36,6 +36,8 @@ class EngineStatus(BaseModel):
     engine_busy: int | None = Field(description="requests the engine says it runs (null: not read)")
     engine_waiting: int | None = Field(description="requests the engine says it keeps waiting "
                                                    "(null: not read)")
+    engine_kv_usage: float | None = Field(None, description="share of the engine's KV cache in use, "
+                                          "0..1 (vLLM, SGLang /metrics; null: not read or not reported)")
     profile_id: str | None = Field(description="the latency profile its latest plan used (null before one)")
 
 

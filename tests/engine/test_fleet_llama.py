@@ -1,5 +1,6 @@
 """Two real llama.cpp servers as a fleet (``RAGBUDGET_ENGINES``): routing, per-engine profiles,
-load from a client that bypasses ragbudget, an engine killed and brought back.
+load from a client that bypasses ragbudget, an engine killed and brought back, an engine that
+accepts an answer and sends no first token (stopped with SIGSTOP) taken out and brought back.
 
 Each server is llama.cpp's native ``llama-server`` with one slot, one thread, pinned to its own
 core, serving the packaged SmolLM2 GGUF. Each engine's profile is fitted on that engine over a
@@ -8,8 +9,10 @@ small grid (real timed requests), so the planner prices each engine by its own m
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -186,3 +189,103 @@ def test_an_engine_killed_is_taken_out_its_answer_retried_elsewhere_and_it_rejoi
     servers["a"].start()  # same port: the background probe finds it
     assert _wait_for(lambda: a.healthy, 60.0)
     assert verify_chain(pipe.services.engine).ok
+
+
+@contextlib.contextmanager
+def _stalled(server: Any) -> Iterator[None]:
+    """``server`` stopped (SIGSTOP: it accepts connections and answers nothing) inside the block,
+    continued (SIGCONT) on every way out."""
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+
+
+def _busy_b_stalled_a(pipe: Any, servers: dict[str, Any], stop: threading.Event,
+                      max_tokens: int) -> list[threading.Thread]:
+    """Engine b flooded by another client (so the planner chooses a), both engines in rotation."""
+    from ragbudget_testing.llama_server import flood
+
+    assert _wait_for(lambda: pipe.engines["a"].healthy and pipe.engines["b"].healthy, 60.0)
+    threads = flood(servers["b"].base_url, stop, model=ALIAS, max_tokens=max_tokens)
+    b = pipe.engines["b"]
+    assert _wait_for(lambda: b.load is not None and (r := b.load.reading()) is not None and len(r.busy) == 1)
+    return threads
+
+
+def test_an_engine_that_sends_no_first_token_in_time_is_taken_out_the_answer_retried_and_it_rejoins(
+        fleet: Any, servers: dict[str, Any]) -> None:
+    from receipts.chain import get_receipt_row, parse_body
+    from receipts.verify import verify_chain
+
+    pipe, _fitted = fleet
+    a = pipe.engines["a"]
+    before = verify_chain(pipe.services.engine).checked
+    stop = threading.Event()
+    flood = _busy_b_stalled_a(pipe, servers, stop, max_tokens=48)
+    result: dict[str, Any] = {}
+    try:
+        with _stalled(servers["a"]):
+            t0 = time.perf_counter()
+            asker = threading.Thread(target=lambda: result.update(got=_answer(pipe)))
+            asker.start()
+            # a holds the answer (sent, no first token coming): the flood on b stops, so the
+            # retry gets b's slot once the flood's last requests end
+            assert _wait_for(lambda: a.in_flight() >= 1 or not a.healthy, 30.0)
+            stop.set()
+            asker.join(180)
+            took_s = time.perf_counter() - t0
+            assert not asker.is_alive(), "the answer hangs on the stopped engine"
+            got = result["got"]
+            assert got.status == "ok" and got.text and got.predicted.engine_id == "b", (got.status, got.error)
+            body = parse_body(get_receipt_row(pipe.services.engine, got.receipt_id).body)
+            assert body["plan"]["fleet"]["retried_from"] == "a"
+            assert "first token" in body["plan"]["fleet"]["retry_reason"]
+            assert not a.healthy and "first token" in (a.health.reason or "")
+            # still stopped: the probe gets no answer, a stays out
+            time.sleep(1.5)
+            assert not a.healthy
+    finally:
+        stop.set()
+        for t in flood:
+            t.join(120)
+    assert took_s < 120.0  # the stall cost the deadline, not the 120 s read timeout
+    assert _wait_for(lambda: a.healthy, 60.0)  # continued: the background probe brings it back
+    report = verify_chain(pipe.services.engine)
+    assert report.ok and report.checked == before + 1
+
+
+def test_a_stalled_answer_that_must_make_its_budget_ends_with_first_token_timeout_and_its_receipt(
+        fleet: Any, servers: dict[str, Any]) -> None:
+    from app.answer_state import AnswerRequest
+    from receipts.chain import get_receipt_row, parse_body
+    from receipts.verify import verify_chain
+
+    pipe, _fitted = fleet
+    a = pipe.engines["a"]
+    before, downs = verify_chain(pipe.services.engine).checked, a.health.downs
+    budget_ms = 1500.0
+    stop = threading.Event()
+    flood = _busy_b_stalled_a(pipe, servers, stop, max_tokens=200)
+    try:
+        with _stalled(servers["a"]):
+            t0 = time.perf_counter()
+            got = pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=budget_ms, max_new_tokens=8,
+                                            on_budget_miss="reject"))
+            took_ms = (time.perf_counter() - t0) * 1000.0
+    finally:
+        stop.set()
+        for t in flood:
+            t.join(120)
+    assert got.status == "failed" and got.error is not None
+    assert got.error.code == "first_token_timeout" and got.predicted.engine_id == "a"
+    assert took_ms < budget_ms + 1000.0  # ended at the budget, not left hanging
+    assert got.receipt_status == "written"
+    body = parse_body(get_receipt_row(pipe.services.engine, got.receipt_id).body)
+    assert body["status"] == "failed" and body["generator"]["engine_id"] == "a"
+    assert a.health.downs == downs + 1  # taken out (and probed back once continued)
+    assert _wait_for(lambda: a.healthy, 60.0)
+    report = verify_chain(pipe.services.engine)
+    assert report.ok and report.checked == before + 1  # one receipt, not two
