@@ -191,7 +191,9 @@ class AnswerReceipts:
                 p95_multiplier=corr.p95_multiplier if corr is not None else None,
                 machine_speed=corr.speed if corr is not None else None,
                 correction_group=corr.group if corr is not None else None,
-                batch=batch_of(p.planner_profile), engine_id=p.engine_id),
+                batch=batch_of(p.planner_profile), engine_id=p.engine_id,
+                cached_tokens_per_k=[r.cached_tokens for r in p.plan.rows] or None,
+                computed_tokens_per_k=[r.computed_tokens for r in p.plan.rows] or None),
             timings=AnswerTimings(
                 queue_ms=state.queue_ms, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
                 retrieval_ms=p.timings_ms.get("retrieval_ms"),

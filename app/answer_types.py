@@ -110,6 +110,12 @@ class PredictedTTFT(BaseModel):
     engine_id: str | None = Field(None, description="the engine the answer was routed to: the "
                                   "configured engine whose plan carried the most context within the "
                                   "budget ('default' when one engine is configured)")
+    cached_tokens_per_k: list[int] | None = Field(
+        None, description="per k = 0..K, the prompt tokens the plan priced as served from the "
+        "engine's prefix KV cache (looked up in the local engine's block cache when k was chosen; "
+        "the scaffold alone for an engine that cannot say)")
+    computed_tokens_per_k: list[int] | None = Field(
+        None, description="per k = 0..K, the prompt tokens the plan priced as prefilled")
 
 
 class AnswerTimings(BaseModel):

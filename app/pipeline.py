@@ -84,6 +84,7 @@ from app.arrivals import Arrivals
 from app.conversation import check_roles, retrieval_query
 from app.fleet import FleetEngine, engine_gone
 from app.genqueue import Cancelled, Ticket
+from app.kv_lookup import cached_per_k
 from app.metrics import AnswerMetrics
 from app.plan_bands import PlanBands
 from app.services import Services
@@ -100,7 +101,7 @@ from foundation.errors import BudgetUnreachable, ContextLengthExceeded, RagBudge
 from generation.base import GenParams, TokenStream
 from generation.stopping import StopMatcher
 from latency_model.fleet import EngineView, FleetChoice, choose
-from latency_model.planner import Plan, PrefillBand
+from latency_model.planner import Plan, PrefillBand, chunking_prefix
 from latency_model.profile import Profile
 
 if TYPE_CHECKING:
@@ -297,7 +298,8 @@ class AnswerPipeline:
         views = [EngineView(e.id, look["planner_profile"],
                             look["wait_ms"] if self.late_binding else 0.0,
                             int(e.generator.context_window), scaffold_cached=look["cached"],
-                            in_flight=e.in_flight()) for e, look in looks]
+                            in_flight=e.in_flight(), cached_tokens=look["cached_k"])
+                 for e, look in looks]
         choice = self._choose(views, full, budget, max_new, overhead_ms)
         if self.routing == "joint":
             engine_id, plan = self._target(choice, views, full, budget, max_new, overhead_ms, looks)
@@ -324,7 +326,8 @@ class AnswerPipeline:
 
     def _look(self, engines: list[FleetEngine], full: Prompt) -> list[tuple[FleetEngine, dict[str, Any]]]:
         """What the planner needs of each engine now: its profile, planning band and correction
-        (:meth:`PlanBands.planner_profile`), whether it caches ``full``'s scaffold, its queue's
+        (:meth:`PlanBands.planner_profile`), whether it caches ``full``'s scaffold and how many
+        tokens of each candidate prompt it caches (:func:`app.kv_lookup.cached_per_k`), its queue's
         predicted wait (other clients' load included) and depth. An engine without a profile
         (``UnknownProfile``: never calibrated, no prior possible) is left out while others
         have one; when none has, the first engine's error is raised. An engine whose queue is
@@ -350,6 +353,8 @@ class AnswerPipeline:
             out.append((e, {"profile": profile, "planner_profile": planner_profile,
                             "correction": correction,
                             "cached": bool(e.generator.prefix_cached(full.scaffold_ids)),
+                            # what its prefix cache holds of each candidate prompt (app.kv_lookup)
+                            "cached_k": cached_per_k(e.generator, full),
                             "wait_ms": wait_ms, "depth": e.queue.depth}))
         if not out:
             assert first_error is not None
@@ -463,10 +468,12 @@ class AnswerPipeline:
 
         Planned through the fleet planner (:func:`latency_model.fleet.choose`) with that one
         engine, whose wait is already inside ``overhead_ms``: exactly the single-engine plan
-        (``tests/latency_model/test_fleet.py`` pins that).
+        (``tests/latency_model/test_fleet.py`` pins that). The engine's prefix cache is looked up
+        now (:func:`app.kv_lookup.cached_per_k`): at :meth:`bind`, the last look before admission.
         """
         e = engine or next(iter(self.engines.values()))
-        view = EngineView(e.id, profile, 0.0, int(e.generator.context_window), scaffold_cached=cached)
+        view = EngineView(e.id, profile, 0.0, int(e.generator.context_window), scaffold_cached=cached,
+                          cached_tokens=cached_per_k(e.generator, full))
         choice = self._choose([view], full, budget, max_new, overhead_ms)
         assert choice.plan is not None, "a healthy engine always has a plan"
         return choice.plan
@@ -567,7 +574,7 @@ class AnswerPipeline:
         retry_s = max(1.0, retry_ms / 1000.0)
         scaffold = int(p.full_prompt.scaffold_len)
         idle_p50 = float(engine.bands.alone(p.profile).predict_ttft_many(
-            [row.prompt_tokens], [row.cached_tokens], [scaffold])[0][0])
+            [row.prompt_tokens], [row.cached_tokens], [chunking_prefix(scaffold, row.cached_tokens)])[0][0])
         idle_ms = p.timings_ms.get("overhead_ms", 0.0) + idle_p50
         raise BudgetUnreachable(
             f"even k=0 is predicted to take {predicted:.0f} ms to the first token (p50), over the "
@@ -805,7 +812,7 @@ class AnswerPipeline:
         looks = self._look(others, p.full_prompt)
         views = [EngineView(e.id, look["planner_profile"], look["wait_ms"],
                             int(e.generator.context_window), scaffold_cached=look["cached"],
-                            in_flight=e.in_flight()) for e, look in looks]
+                            in_flight=e.in_flight(), cached_tokens=look["cached_k"]) for e, look in looks]
         choice = self._choose(views, p.full_prompt, p.budget_ms, p.max_new_tokens, spent)
         target, plan_there = self._target(choice, views, p.full_prompt, p.budget_ms, p.max_new_tokens, spent,
                                      looks)

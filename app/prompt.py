@@ -175,6 +175,17 @@ class Prompt:
         return (self.scaffold_len + self.history_tokens + sum(self.chunk_token_counts[:k])
                 + self.question_tokens + self.framing_tokens)
 
+    def ids_for(self, k: int) -> list[int]:
+        """Token ids of the same prompt with only the first ``k`` chunks: ``len == prompt_tokens_for(k)``.
+
+        Each segment is encoded on its own (module docstring), so this is exactly
+        ``build(..chunks[:k]..).ids``: the leading ``k`` chunk segments, then the question and the
+        framing after it.
+        """
+        head = self.scaffold_len + self.history_tokens + sum(self.chunk_token_counts[:k])
+        tail = self.question_tokens + self.framing_tokens
+        return list(self.ids[:head]) + list(self.ids[len(self.ids) - tail:])
+
 
 class PromptBuilder:
     """Builds :class:`Prompt` s for one tokenizer and chat template.
