@@ -203,7 +203,7 @@ class AnswerReceipts:
                 prefill_ms=prefill_ms),
             tokens=TokenCounts(prompt=prompt_tokens, cached=cached_tokens,
                                computed=prompt_tokens - cached_tokens, output=n_out),
-            citations=Citation.of_hits(p.retrieval.hits, k),
+            citations=Citation.of_hits(p.retrieval.hits, k, p.prompt.order),
             receipt_id=None, receipt_status="failed",  # until deliver() says otherwise
             finish_reason=_finish_reason(state, p.max_new_tokens, n_out), stop_sequence=state.stop,
         )
@@ -269,7 +269,9 @@ class AnswerReceipts:
             scaffold={"id": p.scaffold.id, "name": p.scaffold.name, "hash": p.scaffold.hash},
             prompt={"token_ids_hash": p.prompt.prompt_hash, "prompt_tokens": summary.tokens.prompt,
                     "cached_tokens": summary.tokens.cached,
-                    "computed_tokens": summary.tokens.computed},
+                    "computed_tokens": summary.tokens.computed,
+                    # the order the chosen slots were shown in (app.layout); replay lays them out so
+                    "layout": {"name": p.prompt.layout, "slots": list(p.prompt.order)}},
             generator={"engine_id": p.engine_id,
                        "backend": ident.get("backend"), "model_id": ident.get("model_id"),
                        "weights_hash": ident.get("weights_hash"), "dtype": ident.get("dtype"),

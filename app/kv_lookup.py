@@ -38,5 +38,5 @@ def cached_per_k(generator: Any, full: Prompt) -> tuple[int, ...] | None:
     chunk = getattr(generator, "prefill_chunk", None)
     if not callable(lookup) or not isinstance(chunk, int) or chunk < 1:
         return None
-    k_max = len(full.chunk_token_counts)
+    k_max = len(full.chunk_token_counts)  # K: the candidate prompts are k = 0..K
     return tuple(int(lookup(full.ids_for(k), full.scaffold_len, chunk)) for k in range(k_max + 1))

@@ -133,6 +133,8 @@ class AnswerPipeline:
         self.online_correction = bool(self.settings.online_correction)
         self.live_speed = bool(self.settings.correction_live_speed)
         self.room_for_arrivals = bool(getattr(self.settings, "room_for_arrivals", True))
+        # The order the chosen chunks are shown in (app.layout); a switch for an A/B in one process.
+        self.prompt_layout = str(getattr(self.settings, "prompt_layout", "rank"))
         # The baselines a fleet benchmark compares the joint choice with (benchmarks/fleet.py):
         # "round_robin" (a plain load balancer) or "least_ttft" (the engine with the least
         # predicted TTFT at the given k, llm-d's idea), each at ``fixed_k``; "joint": the
@@ -255,6 +257,15 @@ class AnswerPipeline:
 
         return prompt_slots(hits)
 
+    def laid_out(self, builder: PromptBuilder, scaffold_text: str, chunks: list[PromptChunk],
+                 question: str, history: Any) -> Prompt:
+        """The prompt of ``chunks`` (the chosen slots, slot order) in this pipeline's layout
+        (:mod:`app.layout`): exactly ``full.ids_for(len(chunks))`` of :meth:`PromptBuilder.candidates`."""
+        from app.layout import layout_order
+
+        return builder.build(scaffold_text, chunks, question, history,
+                             order=layout_order(chunks, self.prompt_layout), layout=self.prompt_layout)
+
     # --- advise ------------------------------------------------------------------
     def prepare(self, req: AnswerRequest, arrival_t: float | None = None,
                 auth_ms: float | None = None) -> Prepared:
@@ -289,7 +300,8 @@ class AnswerPipeline:
         result = self.services.retriever.retrieve(query, k_cap, req.revision)
         t1 = time.perf_counter()
         scaffold, builder = self.scaffold_and_builder()
-        full = builder.build(scaffold.text, self.prompt_chunks(result.hits), question, req.history)
+        full = builder.candidates(scaffold.text, self.prompt_chunks(result.hits), question, req.history,
+                                  layout=self.prompt_layout)
         engines = self.in_rotation()
         window = max(int(e.generator.context_window) for e in engines)
         max_new = self._fit_window(full.prompt_tokens_for(0), max_new, req.max_new_tokens is None, window)
@@ -309,7 +321,8 @@ class AnswerPipeline:
         profile, planner_profile, correction = look["profile"], look["planner_profile"], look["correction"]
         cached, wait_ms, depth = look["cached"], look["wait_ms"], look["depth"]
         k = plan.chosen_k if plan.chosen_k is not None else 0
-        prompt = builder.build(scaffold.text, self.prompt_chunks(result.hits)[:k], question, req.history)
+        prompt = self.laid_out(builder, scaffold.text, self.prompt_chunks(result.hits)[:k], question,
+                               req.history)
         t2 = time.perf_counter()
         if question != req.question:
             req = replace(req, question=question)
@@ -365,7 +378,7 @@ class AnswerPipeline:
                 overhead_ms: float) -> FleetChoice:
         """:func:`latency_model.fleet.choose` over ``views`` for ``full`` with ``overhead_ms`` spent."""
         return choose(views, question_tokens=full.question_tokens, scaffold_tokens=full.scaffold_len,
-                      chunk_tokens=list(full.chunk_token_counts), budget_ms=budget,
+                      chunk_tokens=full.planned_chunk_tokens(), budget_ms=budget,
                       max_new_tokens=max_new, overhead_ms=overhead_ms,
                       extra_tokens=full.framing_tokens + full.history_tokens)
 
@@ -510,7 +523,7 @@ class AnswerPipeline:
         if k != (p.plan.chosen_k or 0):
             _, builder = self.scaffold_and_builder()
             r = p.request
-            prompt = builder.build(p.scaffold.text, self.prompt_chunks(p.retrieval.hits)[:k],
+            prompt = self.laid_out(builder, p.scaffold.text, self.prompt_chunks(p.retrieval.hits)[:k],
                                    r.question, r.history)
         timings = dict(p.timings_ms)
         timings["planning_ms"] = timings.get("planning_ms", 0.0) + (time.perf_counter() - t0) * 1000.0

@@ -102,9 +102,9 @@ def test_each_candidate_prompt_is_looked_up_with_its_own_ids(world: Any) -> None
     assert k_max >= 3
     builder = pipe.scaffold_and_builder()[1]
     chunks = pipe.prompt_chunks(pipe.services.retriever.retrieve(QUESTION, 4).hits)
-    for k in range(k_max + 1):  # ids_for(k) is the prompt the builder lays out with k chunks
-        assert full.ids_for(k) == builder.build(pipe.scaffold_and_builder()[0].text, chunks[:k],
-                                                QUESTION).ids
+    for k in range(k_max + 1):  # ids_for(k) is the prompt the pipeline lays out with k chunks
+        assert full.ids_for(k) == pipe.laid_out(builder, pipe.scaffold_and_builder()[0].text, chunks[:k],
+                                                QUESTION, []).ids
     assert cached_per_k(gen, full) == (0,) * (k_max + 1)
     gen.engine.warm.append(full.ids_for(k_max))
     cached = cached_per_k(gen, full)
@@ -155,3 +155,29 @@ def test_an_engine_that_cannot_say_counts_the_scaffold_alone(world: Any) -> None
     plain = EchoGenerator(CharTokenizer())
     full = pipe.prepare(AnswerRequest(question=QUESTION, ttft_budget_ms=60_000)).full_prompt
     assert cached_per_k(plain, full) is None
+
+
+@pytest.mark.parametrize("layout", ["canonical", "rank"])
+def test_a_receipt_records_the_layout_and_replay_rebuilds_its_tokens(world: Any, layout: str) -> None:
+    from app.receipt_wiring import replay_receipt
+
+    pipe, _gen = world
+    pipe.prompt_layout = layout
+    req = AnswerRequest(question=QUESTION, ttft_budget_ms=60_000)
+    p = pipe.prepare(req)
+    answer = pipe.answer(req)
+    assert answer.status == "ok" and answer.receipt_id is not None and answer.chosen_k >= 3
+    body = get_receipt(pipe.services.engine, answer.receipt_id)
+    order = body["prompt"]["layout"]["slots"]
+    assert body["prompt"]["layout"]["name"] == layout and sorted(order) == list(range(1, answer.chosen_k + 1))
+    chunks = pipe.prompt_chunks(p.retrieval.hits)[:answer.chosen_k]
+    if layout == "canonical":  # documents in id order: station-0 first whatever its rank
+        shown = [chunks[n - 1] for n in order]
+        assert [str(c.document_id) for c in shown] == sorted(str(c.document_id) for c in chunks)
+        assert order != list(range(1, answer.chosen_k + 1)), "the ranking should not be document order"
+    else:
+        assert order == list(range(1, answer.chosen_k + 1))
+    # each citation names the number the prompt showed it under
+    assert {c.slot: c.shown_as for c in answer.citations} == {n: i for i, n in enumerate(order, 1)}
+    report = replay_receipt(pipe.services, answer.receipt_id)
+    assert report.check("prompt").status == "ok", report.render()
