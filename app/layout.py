@@ -27,20 +27,42 @@ shown) and replay lays the prompt out from it; a receipt without it showed rank 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from app.prompt import PromptChunk
+from collections.abc import Sequence
+from typing import Protocol
 
 LAYOUTS = ("rank", "canonical")
 
 
-def canonical_key(chunk: PromptChunk) -> tuple[str, int, int, str]:
+class Placed(Protocol):
+    """What the canonical key reads of a slot (an :class:`app.prompt.PromptChunk`)."""
+
+    @property
+    def document_id(self) -> int | str:
+        """The document the slot's text comes from."""
+        ...
+
+    @property
+    def version(self) -> int:
+        """That document's version."""
+        ...
+
+    @property
+    def start_char(self) -> int:
+        """Where the chunk starts in the document's normalised text (characters)."""
+        ...
+
+    @property
+    def chunk_hash(self) -> str:
+        """``sha256:`` of the chunk's text (breaks any remaining tie)."""
+        ...
+
+
+def canonical_key(chunk: Placed) -> tuple[str, int, int, str]:
     """The canonical sort key of a slot: ``(document id as text, version, start offset, chunk hash)``."""
     return (str(chunk.document_id), int(chunk.version), int(chunk.start_char), chunk.chunk_hash)
 
 
-def layout_order(chunks: list[PromptChunk], layout: str) -> list[int]:
+def layout_order(chunks: Sequence[Placed], layout: str) -> list[int]:
     """The order ``layout`` shows ``chunks`` (slot order) in: 1-based indices into ``chunks``.
 
     Raises:
