@@ -191,7 +191,9 @@ class AnswerReceipts:
                 p95_multiplier=corr.p95_multiplier if corr is not None else None,
                 machine_speed=corr.speed if corr is not None else None,
                 correction_group=corr.group if corr is not None else None,
-                batch=batch_of(p.planner_profile), engine_id=p.engine_id),
+                batch=batch_of(p.planner_profile), engine_id=p.engine_id,
+                cached_tokens_per_k=[r.cached_tokens for r in p.plan.rows] or None,
+                computed_tokens_per_k=[r.computed_tokens for r in p.plan.rows] or None),
             timings=AnswerTimings(
                 queue_ms=state.queue_ms, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
                 retrieval_ms=p.timings_ms.get("retrieval_ms"),
@@ -201,7 +203,7 @@ class AnswerReceipts:
                 prefill_ms=prefill_ms),
             tokens=TokenCounts(prompt=prompt_tokens, cached=cached_tokens,
                                computed=prompt_tokens - cached_tokens, output=n_out),
-            citations=Citation.of_hits(p.retrieval.hits, k),
+            citations=Citation.of_hits(p.retrieval.hits, k, p.prompt.order),
             receipt_id=None, receipt_status="failed",  # until deliver() says otherwise
             finish_reason=_finish_reason(state, p.max_new_tokens, n_out), stop_sequence=state.stop,
         )
@@ -267,7 +269,9 @@ class AnswerReceipts:
             scaffold={"id": p.scaffold.id, "name": p.scaffold.name, "hash": p.scaffold.hash},
             prompt={"token_ids_hash": p.prompt.prompt_hash, "prompt_tokens": summary.tokens.prompt,
                     "cached_tokens": summary.tokens.cached,
-                    "computed_tokens": summary.tokens.computed},
+                    "computed_tokens": summary.tokens.computed,
+                    # the order the chosen slots were shown in (app.layout); replay lays them out so
+                    "layout": {"name": p.prompt.layout, "slots": list(p.prompt.order)}},
             generator={"engine_id": p.engine_id,
                        "backend": ident.get("backend"), "model_id": ident.get("model_id"),
                        "weights_hash": ident.get("weights_hash"), "dtype": ident.get("dtype"),

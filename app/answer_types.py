@@ -38,23 +38,30 @@ class Citation(BaseModel):
     document_id: str
     version: int = Field(description="document version the chunk belongs to")
     chunk_hash: str = Field(description="sha256:<hex> of the chunk text")
-    slot: int | None = Field(None, description="the prompt slot [n] that shows this chunk's text "
-                             "(app.slots: candidates with the same text share one)")
+    slot: int | None = Field(None, description="the prompt slot of this chunk's text (app.slots: "
+                             "candidates with the same text share one; slots open in rank order)")
+    shown_as: int | None = Field(None, description="the number [n] the prompt labels this chunk "
+                                 "with: its place in the prompt's layout (app.layout; the slot itself "
+                                 "in rank order); None: not in the prompt")
 
     @classmethod
-    def of(cls, hit: Any, slot: int | None = None) -> Citation:
+    def of(cls, hit: Any, slot: int | None = None, shown_as: int | None = None) -> Citation:
         """From a :class:`retrieval.retriever.Hit` (or anything with the same attributes)."""
         return cls(rank=hit.rank, score=hit.score, chunk_id=str(hit.chunk_id),
                    document_id=str(hit.document_id), version=hit.version, chunk_hash=hit.chunk_hash,
-                   slot=slot)
+                   slot=slot, shown_as=shown_as)
 
     @classmethod
-    def of_hits(cls, hits: list[Any], k: int | None = None) -> list[Citation]:
+    def of_hits(cls, hits: list[Any], k: int | None = None, order: list[int] | None = None) -> list[Citation]:
         """Citations of ``hits`` (rank order) with their slots; with ``k``, only those shown in a
-        prompt of ``k`` slots (every source of each slot, copies included)."""
+        prompt of ``k`` slots (every source of each slot, copies included), each with its number in
+        that prompt: ``order`` (the slots in the order shown, ``Prompt.order``; default rank order)."""
+        from app.layout import shown_as
         from app.slots import hit_slots
 
-        return [cls.of(h, n) for h, n in zip(hits, hit_slots(hits), strict=True) if k is None or n <= k]
+        places = shown_as(order if order is not None else list(range(1, (k or 0) + 1)))
+        return [cls.of(h, n, places.get(n) if k is not None else None)
+                for h, n in zip(hits, hit_slots(hits), strict=True) if k is None or n <= k]
 
 
 class AnswerError(BaseModel):
@@ -110,6 +117,12 @@ class PredictedTTFT(BaseModel):
     engine_id: str | None = Field(None, description="the engine the answer was routed to: the "
                                   "configured engine whose plan carried the most context within the "
                                   "budget ('default' when one engine is configured)")
+    cached_tokens_per_k: list[int] | None = Field(
+        None, description="per k = 0..K, the prompt tokens the plan priced as served from the "
+        "engine's prefix KV cache (looked up in the local engine's block cache when k was chosen; "
+        "the scaffold alone for an engine that cannot say)")
+    computed_tokens_per_k: list[int] | None = Field(
+        None, description="per k = 0..K, the prompt tokens the plan priced as prefilled")
 
 
 class AnswerTimings(BaseModel):

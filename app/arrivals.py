@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from generation.engine.messages import Prefilling
-from latency_model.planner import Plan, PrefillBand
+from latency_model.planner import Plan, PrefillBand, chunking_prefix
 
 if TYPE_CHECKING:
     from app.answer_state import Prepared
@@ -114,8 +114,9 @@ class Arrivals:
             extra: list[Entry] = [Prefilling(row.computed_tokens, row.cached_tokens, p.max_new_tokens)]
             missed = []
             for r in counted:
-                p95 = float(price(extra).predict_ttft_many([own0.prompt_tokens], [own0.cached_tokens],
-                                                           [scaffold])[1][0])
+                p95 = float(price(extra).predict_ttft_many(
+                    [own0.prompt_tokens], [own0.cached_tokens],
+                    [chunking_prefix(scaffold, own0.cached_tokens)])[1][0])
                 if max((now_t - r.arrival_t) * 1000.0, spent_ms) + p95 > r.budget_ms:
                     missed.append(r)
                 extra.append(Prefilling(own0.computed_tokens, own0.cached_tokens, r.max_new_tokens))

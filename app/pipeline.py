@@ -84,6 +84,7 @@ from app.arrivals import Arrivals
 from app.conversation import check_roles, retrieval_query
 from app.fleet import FleetEngine, engine_gone
 from app.genqueue import Cancelled, Ticket
+from app.kv_lookup import cached_per_k
 from app.metrics import AnswerMetrics
 from app.plan_bands import PlanBands
 from app.services import Services
@@ -100,7 +101,7 @@ from foundation.errors import BudgetUnreachable, ContextLengthExceeded, RagBudge
 from generation.base import GenParams, TokenStream
 from generation.stopping import StopMatcher
 from latency_model.fleet import EngineView, FleetChoice, choose
-from latency_model.planner import Plan, PrefillBand
+from latency_model.planner import Plan, PrefillBand, chunking_prefix
 from latency_model.profile import Profile
 
 if TYPE_CHECKING:
@@ -132,6 +133,8 @@ class AnswerPipeline:
         self.online_correction = bool(self.settings.online_correction)
         self.live_speed = bool(self.settings.correction_live_speed)
         self.room_for_arrivals = bool(getattr(self.settings, "room_for_arrivals", True))
+        # The order the chosen chunks are shown in (app.layout); a switch for an A/B in one process.
+        self.prompt_layout = str(getattr(self.settings, "prompt_layout", "rank"))
         # The baselines a fleet benchmark compares the joint choice with (benchmarks/fleet.py):
         # "round_robin" (a plain load balancer) or "least_ttft" (the engine with the least
         # predicted TTFT at the given k, llm-d's idea), each at ``fixed_k``; "joint": the
@@ -254,6 +257,15 @@ class AnswerPipeline:
 
         return prompt_slots(hits)
 
+    def laid_out(self, builder: PromptBuilder, scaffold_text: str, chunks: list[PromptChunk],
+                 question: str, history: Any) -> Prompt:
+        """The prompt of ``chunks`` (the chosen slots, slot order) in this pipeline's layout
+        (:mod:`app.layout`): exactly ``full.ids_for(len(chunks))`` of :meth:`PromptBuilder.candidates`."""
+        from app.layout import layout_order
+
+        return builder.build(scaffold_text, chunks, question, history,
+                             order=layout_order(chunks, self.prompt_layout), layout=self.prompt_layout)
+
     # --- advise ------------------------------------------------------------------
     def prepare(self, req: AnswerRequest, arrival_t: float | None = None,
                 auth_ms: float | None = None) -> Prepared:
@@ -288,7 +300,8 @@ class AnswerPipeline:
         result = self.services.retriever.retrieve(query, k_cap, req.revision)
         t1 = time.perf_counter()
         scaffold, builder = self.scaffold_and_builder()
-        full = builder.build(scaffold.text, self.prompt_chunks(result.hits), question, req.history)
+        full = builder.candidates(scaffold.text, self.prompt_chunks(result.hits), question, req.history,
+                                  layout=self.prompt_layout)
         engines = self.in_rotation()
         window = max(int(e.generator.context_window) for e in engines)
         max_new = self._fit_window(full.prompt_tokens_for(0), max_new, req.max_new_tokens is None, window)
@@ -297,7 +310,8 @@ class AnswerPipeline:
         views = [EngineView(e.id, look["planner_profile"],
                             look["wait_ms"] if self.late_binding else 0.0,
                             int(e.generator.context_window), scaffold_cached=look["cached"],
-                            in_flight=e.in_flight()) for e, look in looks]
+                            in_flight=e.in_flight(), cached_tokens=look["cached_k"])
+                 for e, look in looks]
         choice = self._choose(views, full, budget, max_new, overhead_ms)
         if self.routing == "joint":
             engine_id, plan = self._target(choice, views, full, budget, max_new, overhead_ms, looks)
@@ -307,7 +321,8 @@ class AnswerPipeline:
         profile, planner_profile, correction = look["profile"], look["planner_profile"], look["correction"]
         cached, wait_ms, depth = look["cached"], look["wait_ms"], look["depth"]
         k = plan.chosen_k if plan.chosen_k is not None else 0
-        prompt = builder.build(scaffold.text, self.prompt_chunks(result.hits)[:k], question, req.history)
+        prompt = self.laid_out(builder, scaffold.text, self.prompt_chunks(result.hits)[:k], question,
+                               req.history)
         t2 = time.perf_counter()
         if question != req.question:
             req = replace(req, question=question)
@@ -324,7 +339,8 @@ class AnswerPipeline:
 
     def _look(self, engines: list[FleetEngine], full: Prompt) -> list[tuple[FleetEngine, dict[str, Any]]]:
         """What the planner needs of each engine now: its profile, planning band and correction
-        (:meth:`PlanBands.planner_profile`), whether it caches ``full``'s scaffold, its queue's
+        (:meth:`PlanBands.planner_profile`), whether it caches ``full``'s scaffold and how many
+        tokens of each candidate prompt it caches (:func:`app.kv_lookup.cached_per_k`), its queue's
         predicted wait (other clients' load included) and depth. An engine without a profile
         (``UnknownProfile``: never calibrated, no prior possible) is left out while others
         have one; when none has, the first engine's error is raised. An engine whose queue is
@@ -350,6 +366,8 @@ class AnswerPipeline:
             out.append((e, {"profile": profile, "planner_profile": planner_profile,
                             "correction": correction,
                             "cached": bool(e.generator.prefix_cached(full.scaffold_ids)),
+                            # what its prefix cache holds of each candidate prompt (app.kv_lookup)
+                            "cached_k": cached_per_k(e.generator, full),
                             "wait_ms": wait_ms, "depth": e.queue.depth}))
         if not out:
             assert first_error is not None
@@ -360,7 +378,7 @@ class AnswerPipeline:
                 overhead_ms: float) -> FleetChoice:
         """:func:`latency_model.fleet.choose` over ``views`` for ``full`` with ``overhead_ms`` spent."""
         return choose(views, question_tokens=full.question_tokens, scaffold_tokens=full.scaffold_len,
-                      chunk_tokens=list(full.chunk_token_counts), budget_ms=budget,
+                      chunk_tokens=full.planned_chunk_tokens(), budget_ms=budget,
                       max_new_tokens=max_new, overhead_ms=overhead_ms,
                       extra_tokens=full.framing_tokens + full.history_tokens)
 
@@ -463,10 +481,12 @@ class AnswerPipeline:
 
         Planned through the fleet planner (:func:`latency_model.fleet.choose`) with that one
         engine, whose wait is already inside ``overhead_ms``: exactly the single-engine plan
-        (``tests/latency_model/test_fleet.py`` pins that).
+        (``tests/latency_model/test_fleet.py`` pins that). The engine's prefix cache is looked up
+        now (:func:`app.kv_lookup.cached_per_k`): at :meth:`bind`, the last look before admission.
         """
         e = engine or next(iter(self.engines.values()))
-        view = EngineView(e.id, profile, 0.0, int(e.generator.context_window), scaffold_cached=cached)
+        view = EngineView(e.id, profile, 0.0, int(e.generator.context_window), scaffold_cached=cached,
+                          cached_tokens=cached_per_k(e.generator, full))
         choice = self._choose([view], full, budget, max_new, overhead_ms)
         assert choice.plan is not None, "a healthy engine always has a plan"
         return choice.plan
@@ -503,7 +523,7 @@ class AnswerPipeline:
         if k != (p.plan.chosen_k or 0):
             _, builder = self.scaffold_and_builder()
             r = p.request
-            prompt = builder.build(p.scaffold.text, self.prompt_chunks(p.retrieval.hits)[:k],
+            prompt = self.laid_out(builder, p.scaffold.text, self.prompt_chunks(p.retrieval.hits)[:k],
                                    r.question, r.history)
         timings = dict(p.timings_ms)
         timings["planning_ms"] = timings.get("planning_ms", 0.0) + (time.perf_counter() - t0) * 1000.0
@@ -567,7 +587,7 @@ class AnswerPipeline:
         retry_s = max(1.0, retry_ms / 1000.0)
         scaffold = int(p.full_prompt.scaffold_len)
         idle_p50 = float(engine.bands.alone(p.profile).predict_ttft_many(
-            [row.prompt_tokens], [row.cached_tokens], [scaffold])[0][0])
+            [row.prompt_tokens], [row.cached_tokens], [chunking_prefix(scaffold, row.cached_tokens)])[0][0])
         idle_ms = p.timings_ms.get("overhead_ms", 0.0) + idle_p50
         raise BudgetUnreachable(
             f"even k=0 is predicted to take {predicted:.0f} ms to the first token (p50), over the "
@@ -807,7 +827,7 @@ class AnswerPipeline:
         looks = self._look(others, p.full_prompt)
         views = [EngineView(e.id, look["planner_profile"], look["wait_ms"],
                             int(e.generator.context_window), scaffold_cached=look["cached"],
-                            in_flight=e.in_flight()) for e, look in looks]
+                            in_flight=e.in_flight(), cached_tokens=look["cached_k"]) for e, look in looks]
         choice = self._choose(views, p.full_prompt, p.budget_ms, p.max_new_tokens, spent)
         if not choice.fits and (p.request.on_budget_miss or self.settings.on_budget_miss) == "reject":
             return None  # no budget left for even k = 0 elsewhere: the answer ends with the error

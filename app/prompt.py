@@ -3,8 +3,10 @@
 The scaffold (system prompt + fixed instructions, stored in the ``scaffolds``
 table with its hash) is the stable front of every prompt, so its KV cache can be
 reused. Its ids end at a chat-template boundary: the system turn is closed and
-the user-turn header written. Then come the chosen chunks in rank order, one per
-prompt slot (:mod:`app.slots`: identical texts share one), each labelled
+the user-turn header written. Then come the chosen chunks, one per prompt slot
+(:mod:`app.slots`: identical texts share one), in the order of the prompt layout
+(:mod:`app.layout`: rank order, or a canonical order so overlapping retrievals
+share prefixes), numbered by their place in the prompt, each labelled
 ``[n] (doc <id> v<version>)`` (``; also doc <id> v<version>, ...`` for the copies) and
 separated by blank lines, then the question, then the user-turn end and the assistant header.
 
@@ -144,6 +146,8 @@ class PromptChunk:
     version: int
     text: str
     also: tuple[tuple[int | str, int], ...] = ()
+    start_char: int = 0
+    chunk_hash: str = ""
 
 
 @dataclass
@@ -169,11 +173,39 @@ class Prompt:
     scaffold_hash: str = ""
     messages: list[dict[str, str]] = field(default_factory=list)
     history_tokens: int = 0
+    #: the slots shown, 1-based indices into the chunks given, in the order the prompt shows them
+    order: list[int] = field(default_factory=list)
+    layout: str = "rank"
+    #: ids of each candidate prompt k = 0..K in a layout other than rank (:meth:`PromptBuilder.candidates`)
+    candidate_ids: list[list[int]] | None = None
 
     def prompt_tokens_for(self, k: int) -> int:
-        """Token count of the same prompt with only the first ``k`` chunks."""
+        """Token count of the prompt with the first ``k`` slots (laid out as this prompt's layout)."""
+        if self.candidate_ids is not None:
+            return len(self.candidate_ids[k])
         return (self.scaffold_len + self.history_tokens + sum(self.chunk_token_counts[:k])
                 + self.question_tokens + self.framing_tokens)
+
+    def ids_for(self, k: int) -> list[int]:
+        """Token ids of the prompt with the first ``k`` slots: ``len == prompt_tokens_for(k)``.
+
+        In rank order each segment is encoded on its own (module docstring), so this is exactly
+        ``build(..chunks[:k]..).ids``: the leading ``k`` chunk segments, then the question and the
+        framing after it. In another layout, the ids :meth:`PromptBuilder.candidates` built.
+        """
+        if self.candidate_ids is not None:
+            return list(self.candidate_ids[k])
+        head = self.scaffold_len + self.history_tokens + sum(self.chunk_token_counts[:k])
+        tail = self.question_tokens + self.framing_tokens
+        return list(self.ids[:head]) + list(self.ids[len(self.ids) - tail:])
+
+    def planned_chunk_tokens(self) -> list[int]:
+        """What each further slot adds to the prompt, ``prompt_tokens_for(k) - prompt_tokens_for(k-1)``
+        for ``k = 1..K``: the planner's ``chunk_tokens`` (in rank order, ``chunk_token_counts``)."""
+        if self.candidate_ids is None:
+            return list(self.chunk_token_counts)
+        n = [len(ids) for ids in self.candidate_ids]
+        return [b - a for a, b in zip(n, n[1:], strict=False)]
 
 
 class PromptBuilder:
@@ -349,32 +381,43 @@ class PromptBuilder:
         return ids, closed, open_text
 
     def build(self, scaffold_text: str, chunks: list[PromptChunk], question: str,
-              history: list[Turn] | None = None) -> Prompt:
-        """Lay out ``[scaffold][conversation][chunks in rank order][question][assistant header]`` as ids.
+              history: list[Turn] | None = None, *, order: list[int] | None = None,
+              layout: str = "rank", _memo: dict[str, list[int]] | None = None) -> Prompt:
+        """Lay out ``[scaffold][conversation][chunks][question][assistant header]`` as ids.
 
         ``history``: the messages before the question (system/developer messages and
         earlier user/assistant turns, in order), laid out as the module docstring says.
+        ``order``: the chunks in the order the prompt shows them, as 1-based indices into
+        ``chunks`` (a permutation; default ``1..len(chunks)``, rank order), numbered ``[1]``,
+        ``[2]``, ... in that order; ``layout`` names the rule that chose it (recorded, see
+        :mod:`app.layout`).
 
         Raises:
             EmptyContent: the question is blank.
+            ValueError: ``order`` is not a permutation of ``1..len(chunks)``.
             InvalidInput, InvalidConfig: see :meth:`history_segments`.
         """
         if not question.strip():
             raise EmptyContent("the question is empty")
+        shown = list(order) if order is not None else list(range(1, len(chunks) + 1))
+        if sorted(shown) != list(range(1, len(chunks) + 1)):
+            raise ValueError(f"order {shown} is not a permutation of 1..{len(chunks)}")
+        encode = self.encode_plain if _memo is None else (
+            lambda text: _memo[text] if text in _memo else _memo.setdefault(text, self.encode_plain(text)))
         scaffold = self.scaffold_ids(scaffold_text)
         ids = list(scaffold)
         history_ids, turns, open_text = self.history_segments(list(history or []))
         ids += history_ids
         counts: list[int] = []
         segments: list[str] = [open_text]
-        for rank, chunk in enumerate(chunks, start=1):
-            seg = self.chunk_segment(rank, chunk, after_text=bool(open_text))
-            seg_ids = self.encode_plain(seg)
+        for rank, index in enumerate(shown, start=1):
+            seg = self.chunk_segment(rank, chunks[index - 1], after_text=bool(open_text))
+            seg_ids = encode(seg)
             counts.append(len(seg_ids))
             segments.append(seg)
             ids += seg_ids
         q_text = self.question_segment(question)
-        q_ids = self.encode_plain(q_text)
+        q_ids = encode(q_text)
         segments.append(q_text)
         ids += q_ids
         tail = self._control_ids[self.framing.user_suffix]
@@ -392,7 +435,32 @@ class PromptBuilder:
                       chunk_token_counts=counts, question_tokens=len(q_ids), framing_tokens=len(tail),
                       text=self.tokenizer.decode(ids), prompt_hash=sha256_ints(ids),
                       scaffold_hash=sha256_text(normalize_text(scaffold_text)), messages=messages,
-                      history_tokens=len(history_ids))
+                      history_tokens=len(history_ids), order=shown, layout=layout)
+
+    def candidates(self, scaffold_text: str, chunks: list[PromptChunk], question: str,
+                   history: list[Turn] | None = None, *, layout: str = "rank") -> Prompt:
+        """The prompt with every slot of ``chunks`` (rank order, :meth:`build`) and, for a layout
+        other than rank order, the ids of each candidate prompt ``k = 0..K`` as that layout shows
+        its first ``k`` slots (``Prompt.candidate_ids``: what the planner counts and looks up).
+
+        Segment encodings are shared between the candidates (each chunk's labelled text at a
+        given position is encoded once).
+
+        Raises:
+            as :meth:`build`; ValueError: an unknown ``layout`` (:func:`app.layout.layout_order`).
+        """
+        from app.layout import layout_order
+
+        full = self.build(scaffold_text, chunks, question, history)
+        if layout == "rank":
+            return full
+        memo: dict[str, list[int]] = {}
+        full.candidate_ids = [self.build(scaffold_text, chunks[:k], question, history,
+                                         order=layout_order(chunks[:k], layout), layout=layout,
+                                         _memo=memo).ids
+                              for k in range(len(chunks) + 1)]
+        full.layout = layout
+        return full
 
     def count_tokens_for_plan(self, scaffold_text: str, chunks: list[PromptChunk],
                               question: str, history: list[Turn] | None = None) -> list[int]:

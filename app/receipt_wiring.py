@@ -144,7 +144,8 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
       recorded conversation (``request.messages`` before the question, format
       version 2), the cited chunks ``hits`` (rank order, texts from the stored
       document versions) laid out in their recorded prompt slots (``candidates[].slot``;
-      one slot per chunk for a receipt from before slots) and the recorded question.
+      one slot per chunk for a receipt from before slots), in the recorded order
+      (``prompt.layout.slots``; rank order for a receipt without it) and the recorded question.
     * ``regenerate(body) -> {"token_ids", "token_ids_hash", "text", "environment"}``
       generates again with the recorded parameters (greedy unless a seed was
       recorded) on that rebuilt prompt, cut at the recorded stop strings exactly as
@@ -176,7 +177,12 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
                               else list(range(1, len(hits) + 1)))
         messages = (body.get("request") or {}).get("messages") or []
         history = [Turn(m["role"], m["content"]) for m in messages[:-1]]
-        return builder.build(row.text, chunks, body["question"], history)
+        # the order the slots were shown in (app.layout); a receipt without it showed rank order
+        layout = (body.get("prompt") or {}).get("layout") or {}
+        order = layout.get("slots")
+        return builder.build(row.text, chunks, body["question"], history,
+                             order=[int(n) for n in order] if order is not None else None,
+                             layout=str(layout.get("name", "rank")))
 
     def rebuild_prompt(body: dict[str, Any], hits: list[Any]) -> tuple[str, int]:
         prompt = _prompt(body, hits)

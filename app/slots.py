@@ -66,7 +66,9 @@ def prompt_slots(hits: Sequence[Any], slots: Sequence[int] | None = None) -> lis
     if sorted(first) != list(range(1, len(first) + 1)):
         raise ValueError(f"slots must be numbered 1..n without a gap, got {sorted(first)}")
     return [PromptChunk(document_id=_get(first[n], "document_id"), version=int(_get(first[n], "version")),
-                        text=_get(first[n], "text"), also=tuple(also[n]))
+                        text=_get(first[n], "text"), also=tuple(also[n]),
+                        start_char=int(_opt(first[n], "start_char", 0)),
+                        chunk_hash=str(_opt(first[n], "chunk_hash", "")))
             for n in range(1, len(first) + 1)]
 
 
@@ -78,3 +80,7 @@ def in_first_slots(hits: Sequence[Any], k: int, slots: Sequence[int] | None = No
 
 def _get(obj: Any, name: str) -> Any:
     return obj[name] if isinstance(obj, dict) else getattr(obj, name)
+
+
+def _opt(obj: Any, name: str, default: Any) -> Any:
+    return obj.get(name, default) if isinstance(obj, dict) else getattr(obj, name, default)

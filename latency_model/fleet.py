@@ -38,7 +38,10 @@ class EngineView:
 
     ``predicted_wait_ms``: expected time before a new request starts prefill there
     (ms, >= 0). ``scaffold_cached``: the engine's prefix cache holds this prompt's
-    scaffold. ``in_flight``: requests running or waiting there (tie-break only).
+    scaffold. ``cached_tokens``: per ``k = 0..K``, the tokens of that ``k``'s prompt its prefix
+    cache holds (an engine that can say: the local engine), which overrides ``scaffold_cached``
+    (:func:`latency_model.planner.plan`); None: the scaffold alone. ``in_flight``: requests
+    running or waiting there (tie-break only).
     """
 
     engine_id: str
@@ -48,6 +51,7 @@ class EngineView:
     scaffold_cached: bool = False
     in_flight: int = 0
     healthy: bool = True
+    cached_tokens: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,8 @@ def choose(engines: list[EngineView], *, question_tokens: int, scaffold_tokens: 
         p = plan(question_tokens=question_tokens, scaffold_tokens=scaffold_tokens,
                  scaffold_cached=e.scaffold_cached, chunk_tokens=chunk_tokens, budget_ms=budget_ms,
                  profile=e.profile, max_new_tokens=max_new_tokens, context_window=e.context_window,
-                 overhead_ms=overhead_ms + e.predicted_wait_ms, extra_tokens=extra_tokens)
+                 overhead_ms=overhead_ms + e.predicted_wait_ms, extra_tokens=extra_tokens,
+                 cached_tokens=e.cached_tokens)
         plans.append((order, e, p))
 
     def rank(item: tuple[int, EngineView, Plan]) -> tuple[int, float, int, int]:

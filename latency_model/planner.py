@@ -11,11 +11,22 @@ Chosen ``k``: the largest ``k`` such that every row ``0..k`` has
 ``prompt_tokens + max_new_tokens <= context_window``. (Predictions grow with
 ``k``, so this is the largest feasible ``k``; requiring the whole prefix to fit
 keeps the answer sensible even for a non-monotone profile.)
+
+Cached tokens per ``k``: the local engine's prefix cache holds token blocks beyond the
+scaffold (retrieved chunks, earlier turns: ``generation.engine.kv_cache.BlockPrefixCache``).
+The caller looks up, for each candidate prompt ``k = 0..K``, how many of its leading tokens
+an admission now would load (``cached_tokens``), and each row is priced with them: ``m = n - c``
+tokens computed, the engine resuming its chunked prefill at ``c``. A cached chain always ends on
+the engine's chunk grid (the scaffold's chunks, then chunks from the scaffold's end), so
+prefilling on from ``c`` runs exactly the chunks a cold prefill runs after ``c``: the chunking
+boundary the prefill model reads is ``max(scaffold, c)`` (:func:`chunking_prefix`). Without
+per-k counts only the scaffold counts as cached (``scaffold_cached``), as before.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -102,15 +113,49 @@ class Plan:
         return out
 
 
+def chunking_prefix(scaffold_tokens: int, cached_tokens: int) -> int:
+    """The ``prefix_tokens`` argument of the prefill model for a prompt whose first ``cached_tokens``
+    come from the cache: ``max(scaffold_tokens, cached_tokens)`` (tokens).
+
+    The engine prefills the uncached part of the scaffold in its own chunks and the rest in chunks
+    from ``max(scaffold, cached)`` (``latency_model.step_model.prefill_schedule``); a chain cached
+    past the scaffold ends on that grid, so resuming there is the cold schedule's tail.
+    """
+    return max(int(scaffold_tokens), int(cached_tokens))
+
+
 def _check_count(name: str, value: int, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidInput(f"{name} must be an integer >= {minimum}", field=name)
     return value
 
 
+def _cached_per_row(prompts: list[int], scaffold_tokens: int, scaffold_cached: bool,
+                    cached_tokens: Sequence[int] | None) -> list[int]:
+    """Cached tokens of each row's prompt (see :func:`plan`).
+
+    Raises:
+        InvalidInput: ``field`` ``cached_tokens``: not one count per row, a count that is not an
+            integer >= 0, or one above its prompt's tokens.
+    """
+    if cached_tokens is None:
+        return [scaffold_tokens if scaffold_cached else 0] * len(prompts)
+    out = list(cached_tokens)
+    if len(out) != len(prompts):
+        raise InvalidInput(f"cached_tokens needs one count per k (0..{len(prompts) - 1}), got {len(out)}",
+                           field="cached_tokens")
+    for k, (c, n) in enumerate(zip(out, prompts, strict=True)):
+        _check_count(f"cached_tokens[{k}]", c)
+        if c > n:
+            raise InvalidInput(f"cached_tokens[{k}] = {c} exceeds that prompt's {n} tokens",
+                               field="cached_tokens")
+    return [int(c) for c in out]
+
+
 def plan(*, question_tokens: int, scaffold_tokens: int, scaffold_cached: bool,
          chunk_tokens: list[int], budget_ms: float, profile: PrefillBand, max_new_tokens: int,
-         context_window: int, overhead_ms: float = 0.0, extra_tokens: int = 0) -> Plan:
+         context_window: int, overhead_ms: float = 0.0, extra_tokens: int = 0,
+         cached_tokens: Sequence[int] | None = None) -> Plan:
     """Choose how many ranked chunks fit ``budget_ms`` at p95 and the context window.
 
     Args:
@@ -125,13 +170,17 @@ def plan(*, question_tokens: int, scaffold_tokens: int, scaffold_cached: bool,
         overhead_ms: time before prefill, >= 0: measured so far (auth, retrieval, tokenisation,
             queue wait) plus, when planning before the request has the model, its predicted wait.
         extra_tokens: template/label tokens outside scaffold, chunks and question, counted exactly.
+        cached_tokens: per ``k = 0..len(chunk_tokens)``, the tokens of that ``k``'s prompt the
+            engine's prefix cache holds now (a leading run, scaffold included); overrides
+            ``scaffold_cached``. None: the scaffold alone when ``scaffold_cached``.
 
     Returns:
         A :class:`Plan`; never raises because nothing fits (see ``binding``).
 
     Raises:
         InvalidInput: a count is negative or not an integer, or budget/overhead not finite,
-        budget <= 0, overhead < 0.
+        budget <= 0, overhead < 0; ``cached_tokens`` not one count per row, or a count above its
+        prompt's tokens (``field`` ``cached_tokens``).
     """
     for name, value in (("question_tokens", question_tokens), ("scaffold_tokens", scaffold_tokens),
                         ("max_new_tokens", max_new_tokens), ("extra_tokens", extra_tokens)):
@@ -144,20 +193,21 @@ def plan(*, question_tokens: int, scaffold_tokens: int, scaffold_cached: bool,
     if not isinstance(overhead_ms, int | float) or not math.isfinite(overhead_ms) or overhead_ms < 0:
         raise InvalidInput("overhead_ms must be a finite number >= 0", field="overhead_ms")
 
-    cached = scaffold_tokens if scaffold_cached else 0
     base = scaffold_tokens + question_tokens + extra_tokens
     prompts = [base]
     for t in chunk_tokens:
         prompts.append(prompts[-1] + t)
+    cached = _cached_per_row(prompts, scaffold_tokens, scaffold_cached, cached_tokens)
     # The engine chunks at the scaffold boundary whether or not it is cached (generation.scheduler),
-    # so a miss is predicted as (n, 0, prefix=scaffold): one forward pass more than a hit.
-    p50s, p95s = profile.predict_ttft_many(prompts, [cached] * len(prompts),
-                                           [scaffold_tokens] * len(prompts))
-    rows = [PlanRow(k=k, prompt_tokens=n, cached_tokens=cached, computed_tokens=n - cached,
+    # so a miss is predicted as (n, 0, prefix=scaffold): one forward pass more than a hit; past
+    # the scaffold it resumes at the cached chain's end (chunking_prefix).
+    p50s, p95s = profile.predict_ttft_many(prompts, cached,
+                                           [chunking_prefix(scaffold_tokens, c) for c in cached])
+    rows = [PlanRow(k=k, prompt_tokens=n, cached_tokens=c, computed_tokens=n - c,
                     ttft_p50_ms=float(p50), ttft_p95_ms=float(p95),
                     fits_budget=bool(p95 + overhead_ms <= budget_ms),
                     fits_context=bool(n + max_new_tokens <= context_window))
-            for k, (n, p50, p95) in enumerate(zip(prompts, p50s, p95s, strict=True))]
+            for k, (n, c, p50, p95) in enumerate(zip(prompts, cached, p50s, p95s, strict=True))]
 
     chosen: int | None = None
     for row in rows:

@@ -23,6 +23,11 @@ with the same text share one slot (``app.slots``); slots open in rank order, 1, 
 receipt without ``slot`` (written before slots existed) showed one slot per candidate, in
 rank order (:func:`candidate_slots`).
 
+Prompt layout (no version change: an optional field, checked when present): ``prompt.layout``
+is ``{"name": "rank" | "canonical", "slots": [slot numbers in the order the prompt showed them]}``
+(``app.layout``); the prompt numbers them ``[1]``, ``[2]``, ... in that order. A receipt without
+it showed its slots in rank order.
+
 Engines (no version change: optional fields, checked when present): ``plan.engine_id`` and
 ``generator.engine_id`` name the configured engine the answer was routed to (``default`` on a
 server with one engine), and ``plan.fleet`` is the fleet planner's choice on arrival
@@ -91,6 +96,9 @@ OPTIONAL_TIMINGS = {"auth_ms": "num?", "planning_ms": "num?", "prefill_ms": "num
 # The engine an answer was routed to (see the module docstring): optional, checked when present.
 OPTIONAL_PLAN = {"engine_id": "str", "fleet": "dict?"}
 OPTIONAL_GENERATOR = {"engine_id": "str"}
+# The order the prompt showed its slots in (app.layout): optional, checked when present; a
+# receipt without it showed them in rank order.
+PROMPT_LAYOUT = {"name": "str", "slots": "list"}
 FLEET_PREDICTION = {"engine_id": "str", "chosen_k": "int?", "predicted_wait_ms": "num",
                     "ttft_p50_ms": "num?", "ttft_p95_ms": "num?", "binding": "str?"}
 GENERATION_PARAMS = {"max_new_tokens": "int", "temperature": "num", "top_p": "num", "seed": "int?"}
@@ -254,6 +262,14 @@ def _check_engine(body: dict[str, Any]) -> None:
         for name, spec in specs.items():
             if name in got:
                 _check_type(got[name], spec, f"{section}.{name}")
+    layout = (body.get("prompt") or {}).get("layout") if isinstance(body.get("prompt"), dict) else None
+    if layout is not None:
+        _check_fields(layout, PROMPT_LAYOUT, "prompt.layout")
+        for i, n in enumerate(layout["slots"]):
+            _check_type(n, "int", f"prompt.layout.slots[{i}]")
+        if sorted(layout["slots"]) != list(range(1, len(layout["slots"]) + 1)):
+            raise InvalidInput("prompt.layout.slots must be a permutation of 1..k",
+                               field="prompt.layout.slots")
     fleet = (body.get("plan") or {}).get("fleet")
     if isinstance(fleet, dict):
         _check_type(fleet.get("predictions"), "list", "plan.fleet.predictions")

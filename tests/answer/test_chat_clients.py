@@ -81,7 +81,8 @@ def test_system_message_and_history_reach_the_model_and_the_receipt(client, answ
     prompt = PromptBuilder.for_tokenizer(answer_services.tokenizer).build(
         scaffold_by_hash(engine, body["scaffold"]["hash"]).text,
         [PromptChunk(h.document_id, h.version, h.text) for h in hits], body["question"],
-        [Turn(m["role"], m["content"]) for m in body["request"]["messages"][:-1]])
+        [Turn(m["role"], m["content"]) for m in body["request"]["messages"][:-1]],
+        order=body["prompt"]["layout"]["slots"])  # in the order the prompt showed them (app.layout)
     assert (prompt.prompt_hash, prompt.prompt_tokens) == (body["prompt"]["token_ids_hash"],
                                                           body["prompt"]["prompt_tokens"])
     shown = prompt.text[len(answer_services.tokenizer.decode(prompt.scaffold_ids)):]

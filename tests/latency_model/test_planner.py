@@ -109,3 +109,43 @@ def test_negative_chunk_tokens_are_invalid() -> None:
 def test_negative_overhead_is_invalid() -> None:
     with pytest.raises(InvalidInput):
         _plan(overhead_ms=-1.0)
+
+
+def test_warm_chunks_are_priced_as_cached_and_a_larger_k_fits() -> None:
+    # prompts 100, 200, ..., 500 (scaffold 80, question 20); cold p95(k) = 1.1 * (100 + n - 80)
+    cold = _plan(budget_ms=400.0)
+    assert cold.chosen_k == 2
+    warm = _plan(budget_ms=400.0, cached_tokens=[80, 180, 280, 380, 480])
+    assert [r.cached_tokens for r in warm.rows] == [80, 180, 280, 380, 480]
+    assert [r.computed_tokens for r in warm.rows] == [20] * 5
+    assert warm.chosen_k == 4 and warm.binding == "candidates_exhausted"
+
+
+def test_per_k_counts_override_the_scaffold_flag() -> None:
+    p = _plan(scaffold_cached=False, cached_tokens=[80, 80, 0, 0, 0])
+    assert [r.cached_tokens for r in p.rows] == [80, 80, 0, 0, 0]
+
+
+@pytest.mark.parametrize("cached", [[80] * 4, [80] * 6, [80, 80, 80, 80, 501], [80, -1, 80, 80, 80]])
+def test_per_k_counts_are_checked(cached: list[int]) -> None:
+    with pytest.raises(InvalidInput):
+        _plan(cached_tokens=cached)
+
+
+def test_a_chain_cached_past_the_scaffold_resumes_on_the_chunk_grid() -> None:
+    from latency_model.calibration import calibrate
+    from latency_model.grid import quick_grid
+    from latency_model.planner import chunking_prefix
+    from tests.latency_model.conftest import no_cpu_probe
+    from tests.latency_model.test_step_model import FakeStepTimer
+
+    assert chunking_prefix(83, 0) == 83 and chunking_prefix(83, 339) == 339
+    prof = calibrate(FakeStepTimer(noise=0.01), grid=quick_grid(2048, [83], 256), seed=5,
+                     progress=False, cpu_probe=no_cpu_probe)
+    kw: dict[str, object] = dict(question_tokens=20, scaffold_tokens=83, scaffold_cached=True,
+                                 chunk_tokens=[256, 256, 256], budget_ms=60_000.0, profile=prof,
+                                 max_new_tokens=16, context_window=4096)
+    cold = plan(**kw)  # type: ignore[arg-type]
+    warm = plan(**kw, cached_tokens=[83, 339, 595, 851])  # type: ignore[arg-type]
+    assert warm.rows[0].ttft_p50_ms == cold.rows[0].ttft_p50_ms
+    assert all(w.ttft_p50_ms < c.ttft_p50_ms for w, c in zip(warm.rows[1:], cold.rows[1:], strict=True))

@@ -153,6 +153,7 @@ def test_a_receipt_from_before_slots_replays_with_one_slot_per_candidate(service
     for c in before["candidates"]:
         del c["slot"]
     before["plan"]["chosen_k"] = 3
+    before["prompt"].pop("layout", None)  # it predates prompt layouts too: rank order
     before["prompt"].update(token_ids_hash=old.prompt_hash, prompt_tokens=old.prompt_tokens)
     stored = append_receipt(services.engine, before)
     report = replay_receipt(services, str(stored.id))
