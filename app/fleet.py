@@ -5,21 +5,21 @@ engine, id ``default``, when no list is configured). Each :class:`FleetEngine` h
 one engine:
 
 * its generator (``Services.engine_generator``: the first engine's is ``Services.generator``);
-* its own :class:`app.genqueue.GenerationQueue`, whose slots are the engine's ``max_running``
+* its own :class:`app.answering.genqueue.GenerationQueue`, whose slots are the engine's ``max_running``
   (the local engine's batch size, a remote engine's setting or llama.cpp's ``/props``
   ``total_slots``);
-* its own :class:`app.plan_bands.PlanBands`: the batch-aware band and the online correction of
+* its own :class:`app.answering.bands.PlanBands`: the batch-aware band and the online correction of
   the profile in force for that engine's identity (profiles are keyed by the generator's
   identity, so two engines have two profiles and two corrections);
 * its load from other clients, for a llama.cpp engine (:class:`generation.remote_load.SlotLoad`,
-  read in the background, priced in its queue's predicted wait: :mod:`app.genqueue`);
+  read in the background, priced in its queue's predicted wait: :mod:`app.answering.genqueue`);
 * its health (:class:`EngineHealth`): an engine that refuses connections, drops a stream
   before its first token, or sends no first token in time (:meth:`FleetEngine.arm_first_token`,
   :func:`first_token_allowed_ms`) is taken out of rotation, probed every
   ``engine_probe_interval_s`` in the background and brought back when it answers.
 
 The pipeline plans each answer over every engine in rotation with
-:func:`latency_model.fleet.choose` (``app.pipeline``).
+:func:`latency_model.fleet.choose` (``app.answering.pipeline``).
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from app.genqueue import GenerationQueue
-from app.plan_bands import PlanBands
+from app.answering.bands import PlanBands
+from app.answering.genqueue import GenerationQueue
 from app.settings import EngineConfig
 
 if TYPE_CHECKING:
-    from app.answer_state import Prepared
+    from app.answering.state import Prepared
     from generation.base import Generator, TokenStream
     from generation.remote_load import SlotLoad
     from latency_model.profile import Profile
@@ -105,7 +105,7 @@ def kv_full_load(remaining_ms: list[float], kv_usage: float | None, slots: int) 
     """The engine's busy-slot list (remaining ms each) as the queue prices it, given its KV-cache
     use: below :data:`KV_FULL_FRACTION` (or unknown) unchanged; at or above, padded with the
     mean remaining time of the busy slots to at least ``slots`` entries, so a new request is
-    priced as waiting for one of them to end (:meth:`app.genqueue.GenerationQueue.engine_wait_ms`)
+    priced as waiting for one of them to end (:meth:`app.answering.genqueue.GenerationQueue.engine_wait_ms`)
     rather than as taking a free slot. An empty list stays empty (nothing runs: the cache is
     held by cached prefixes the server can evict)."""
     if kv_usage is None or kv_usage < KV_FULL_FRACTION or not remaining_ms or len(remaining_ms) >= slots:
@@ -182,7 +182,7 @@ class FleetEngine:
     """One engine of a pipeline (see the module docstring).
 
     Args:
-        pipeline: the owning ``app.pipeline.AnswerPipeline`` (its services, settings, switches).
+        pipeline: the owning ``app.answering.pipeline.AnswerPipeline`` (its services, settings, switches).
         config: the engine's :class:`app.settings.EngineConfig`.
         position: its place in the configured list (the planner's last tie-break).
     """
@@ -238,7 +238,7 @@ class FleetEngine:
         unlimited or unreported: ``default_max_new_tokens`` minus those decoded, at least 1), and
         each request the engine keeps waiting behind its slots ``default_max_new_tokens``, x the
         profile's TPOT at half the engine's context window (ms). The waiting requests count as
-        foreign work ahead of a new answer (:meth:`app.genqueue.GenerationQueue.foreign`). An
+        foreign work ahead of a new answer (:meth:`app.answering.genqueue.GenerationQueue.foreign`). An
         engine whose KV cache is near full counts as having every slot busy
         (:func:`kv_full_load`). No-op for the local engine (its queue is the engine)."""
         if self.config.kind != "remote" or not self.config.base_url:
@@ -297,7 +297,8 @@ class FleetEngine:
         return allowed
 
     def predicted_wait_ms(self) -> float:
-        """The queue's predicted wait, the load from other clients included (:mod:`app.genqueue`)."""
+        """The queue's predicted wait, the load from other clients included
+        (:mod:`app.answering.genqueue`)."""
         return self.queue.predicted_wait_ms()
 
     def in_flight(self) -> int:

@@ -1,6 +1,6 @@
 """The ingest service: files or API documents -> one store batch (at most one new revision).
 
-Beside the answer pipeline (``app.pipeline``), this is the one place where the
+Beside the answer pipeline (``app.answering.pipeline``), this is the one place where the
 ingest wiring is decided: which extraction a file gets (by suffix), the chunker
 configuration (``chunk_tokens`` / ``chunk_overlap_tokens`` from the settings,
 the generator's tokenizer, the embedder's word-piece limit), whether and with

@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from app.answer_types import Answer
+    from app.answering.types import Answer
     from generation.engine.kv_cache import PrefixCacheStats
 
 #: The prefix cache's counters (:class:`generation.engine.kv_cache.PrefixCacheStats` field,
@@ -162,7 +162,7 @@ class AnswerMetrics:
             self.engine_wait.labels(engine=engine_id).set(predicted_wait_ms)
 
     def observe(self, answer: Answer) -> None:
-        """Record one finished :class:`~app.answer_types.Answer`."""
+        """Record one finished :class:`~app.answering.types.Answer`."""
         self.answers.labels(status=answer.status).inc()
         if answer.predicted.engine_id is not None:
             self.engine_answers.labels(engine=answer.predicted.engine_id, status=answer.status).inc()

@@ -22,7 +22,7 @@ from generation.base import Generator
 from retrieval.tokens import TextTokenizer
 
 if TYPE_CHECKING:  # numpy / FAISS load only when a retriever is built
-    from app.prompt import PromptBuilder
+    from app.prompting.prompt import PromptBuilder
     from generation.engine.kv_cache import PrefixCacheStats
     from retrieval.embedding import Embedder
     from retrieval.retriever import RetrieverProtocol
@@ -74,12 +74,12 @@ class Services:
 
     @cached_property
     def prompt_builder(self) -> PromptBuilder:
-        """The :class:`app.prompt.PromptBuilder` for the generator's tokenizer and chat template.
+        """The :class:`app.prompting.prompt.PromptBuilder` for the generator's tokenizer and chat template.
 
         Raises:
             InvalidConfig: no usable chat template (see :mod:`generation.chat_template`).
         """
-        from app.prompt import PromptBuilder
+        from app.prompting.prompt import PromptBuilder
 
         with self._lock:
             return PromptBuilder.for_tokenizer(self.tokenizer, self.settings.chat_template)

@@ -160,7 +160,7 @@ class Settings(BaseSettings):
                                       "question; the planner picks k <= K.")
     queue_max: int = Field(8, ge=0, description="Answers waiting for the local model; more is 429.")
     prompt_layout: Literal["rank", "canonical"] = Field(
-        "canonical", description="Order of the chosen chunks in the prompt (app.layout): canonical "
+        "canonical", description="Order of the chosen chunks in the prompt (app.prompting.layout): canonical "
         "(sorted by document, version and offset, so overlapping retrievals share cached prefixes) "
         "or rank (best first). Retrieval chooses the same chunks either way; receipts record it.")
     late_binding: bool = Field(True, description="Choose k when the request gets the model, from the "

@@ -141,11 +141,11 @@ def run_sweep(pipeline: Any, questions: list[dict[str, Any]], *, k_max: int, bud
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure TTFT for k = 0..k_max per question; returns ``{"rows", "choices", "summary"}``.
 
-    ``pipeline`` is an :class:`app.pipeline.AnswerPipeline` (warmed). ``choices``
+    ``pipeline`` is an :class:`app.answering.pipeline.AnswerPipeline` (warmed). ``choices``
     holds, per question and budget, the k the planner picks.
     """
-    from app.answer_state import AnswerRequest
-    from app.slots import in_first_slots
+    from app.answering.state import AnswerRequest
+    from app.prompting.slots import in_first_slots
     from generation.base import GenParams
     from latency_model.planner import plan as make_plan
 
@@ -160,7 +160,7 @@ def run_sweep(pipeline: Any, questions: list[dict[str, Any]], *, k_max: int, bud
         scaffold, builder = pipeline.scaffold_and_builder()
         overhead = prepared.plan.overhead_ms
         relevant = set(q.get("relevant") or [])
-        # k counts prompt slots (app.slots): identical chunk texts among the hits share one
+        # k counts prompt slots (app.prompting.slots): identical chunk texts among the hits share one
         slots = pipeline.prompt_chunks(hits)
         ks = list(range(0, min(k_max, len(slots)) + 1))
         samples: dict[int, list[float]] = {k: [] for k in ks}

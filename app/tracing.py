@@ -2,7 +2,7 @@
 
 Off unless ``otlp_endpoint`` is set (:mod:`app.settings`); off, :func:`answer_tracer`
 returns None and nothing here imports OpenTelemetry, so the answer path pays nothing.
-On, :meth:`AnswerTracer.export` turns each finished :class:`app.answer_types.Answer`
+On, :meth:`AnswerTracer.export` turns each finished :class:`app.answering.types.Answer`
 into spans, with the attribute names of both the OpenTelemetry GenAI semantic
 conventions (``gen_ai.*``) and OpenInference (``openinference.span.kind``,
 ``retrieval.documents.*``, ``llm.*``; what Arize Phoenix reads), plus ``ragbudget.*``
@@ -13,7 +13,7 @@ for what neither names::
     └─ generate  LLM        model, prompt/cached/computed/output tokens, TTFT, TPOT, queue
 
 The spans are laid out on the answer's own clock, from the receipt's timings (ms after the
-request's arrival, :mod:`app.pipeline`): ``answer`` spans ``[0, total_ms]``; ``generate``
+request's arrival, :mod:`app.answering.pipeline`): ``answer`` spans ``[0, total_ms]``; ``generate``
 starts when the model was granted (``ttft_ms - prefill_ms``) and has a ``first_token`` event
 at ``ttft_ms``; ``retrieve`` lasts ``retrieval_ms`` and ends where the first plan started
 (``overhead_ms``). Arrival is mapped to wall-clock time once per answer.
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from app.answer_state import Prepared
-    from app.answer_types import Answer
+    from app.answering.state import Prepared
+    from app.answering.types import Answer
     from app.metrics import AnswerMetrics
     from app.settings import Settings
     from generation.base import GenParams
@@ -126,7 +126,7 @@ def answer_spans(p: Prepared, params: GenParams, summary: Answer, identity: dict
         "ragbudget.retrieval.query_truncated": r.query_truncated,
     }
     _put(retrieve, "ragbudget.corpus.root_hash", r.root_hash)
-    from app.slots import hit_slots
+    from app.prompting.slots import hit_slots
 
     for i, (h, slot) in enumerate(zip(r.hits, hit_slots(r.hits), strict=True)):
         meta = {"version": h.version, "chunk_id": str(h.chunk_id), "chunk_hash": h.chunk_hash,

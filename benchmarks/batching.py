@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
+from app.prompting.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
 from benchmarks.common import quantile
 from generation.assets import ensure_packaged_generator
 from generation.base import GenParams

@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder
+from app.prompting.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder
 from benchmarks.common import machine_line
 from generation.base import GenParams
 from generation.local import LocalGenerator

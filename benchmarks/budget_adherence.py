@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
 
-    from app.answer_state import AnswerRequest
-    from app.pipeline import AnswerPipeline
+    from app.answering.pipeline import AnswerPipeline
+    from app.answering.state import AnswerRequest
     from app.services import Services
     from app.settings import get_settings
     from app.sweep import default_questions

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
+    from app.prompting.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
     from generation.assets import ensure_packaged_generator, load_tokenizer, packaged_gguf_path
     from generation.local import LocalGenerator
     from generation.remote import RemoteGenerator

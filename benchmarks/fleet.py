@@ -68,7 +68,7 @@ def _flood(url: str, stop: threading.Event) -> list[threading.Thread]:
 def run_arm(pipe: Any, arm: str, fixed_k: dict[float, int], questions: list[str], budgets: list[float],
             clients: int, rounds: int, max_new_tokens: int) -> list[dict[str, Any]]:
     """Every client asks ``rounds`` questions at each budget (closed loop); one row per answer."""
-    from app.answer_state import AnswerRequest
+    from app.answering.state import AnswerRequest
     from foundation.errors import RagBudgetError
 
     rows: list[dict[str, Any]] = []
@@ -113,7 +113,7 @@ def run_kill_arm(pipe: Any, server: Any, victim: str, questions: list[str], budg
     """The joint choice while ``server`` (engine ``victim``) is killed and restarted (see the module
     docstring). Returns one row per request and the event times (s from the arm's start:
     ``killed_s``, ``restarted_s``, ``rejoined_s``; ``hung_clients``)."""
-    from app.answer_state import AnswerRequest
+    from app.answering.state import AnswerRequest
     from foundation.errors import RagBudgetError
 
     pipe.routing, pipe.fixed_k = "joint", None
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    from app.pipeline import AnswerPipeline
+    from app.answering.pipeline import AnswerPipeline
     from app.profile_store import save_profile
     from app.services import Services
     from app.settings import get_settings
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         pipe = AnswerPipeline(services)
         pipe.warm()
         questions = [q["question"] for q in default_questions(services.data_dir, 10, 0)]
-        from app.answer_state import AnswerRequest
+        from app.answering.state import AnswerRequest
 
         fixed_k = {b: max(int(pipe.prepare(AnswerRequest(questions[0], ttft_budget_ms=b)).plan.chosen_k
                                   or 0), 1) for b in args.budgets}

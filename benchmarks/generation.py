@@ -283,8 +283,8 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from app.answer_state import AnswerRequest
-    from app.pipeline import AnswerPipeline
+    from app.answering.pipeline import AnswerPipeline
+    from app.answering.state import AnswerRequest
     from app.services import Services
     from app.settings import get_settings
     from generation.assets import ensure_packaged_generator

@@ -38,7 +38,7 @@ DEFAULT_MODEL = ROOT / "ragbudget-data" / "models" / "smollm2-135m-instruct-fp32
 def default_scaffold_tokens(model_dir: Path) -> list[int]:
     """Token count of the default scaffold with this model's tokenizer (best effort)."""
     try:
-        from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder
+        from app.prompting.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder
         from generation.assets import load_tokenizer
         from retrieval.tokens import HFTextTokenizer
 

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
+from app.prompting.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
 from generation.base import GenParams
 from generation.local import LocalGenerator
 

@@ -15,7 +15,7 @@ The choice, in order (``RAGBUDGET_CHAT_TEMPLATE`` is the ``chat_template`` setti
    ``<|im_end|>admin`` answers of ChatML markers on a Gemma tokenizer).
 
 Whether the markers really are special tokens is checked where the template is
-rendered (``app.prompt.PromptBuilder``), since that needs the rendered text.
+rendered (``app.prompting.prompt.PromptBuilder``), since that needs the rendered text.
 """
 
 from __future__ import annotations

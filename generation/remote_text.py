@@ -1,6 +1,6 @@
 """Token-id prompts for servers whose ``/completions`` takes text only (llama-cpp-python's server).
 
-ragbudget lays every prompt out as token ids (``app.prompt``); its receipts hash
+ragbudget lays every prompt out as token ids (``app.prompting.prompt``); its receipts hash
 those ids. A server that only takes a text prompt (llama-cpp-python's
 ``llama_cpp.server``: ``prompt: str | list[str]``) tokenizes the text itself, with
 special-token strings recognised (``special=True``) and a BOS token added in front

@@ -19,13 +19,13 @@ Format history (``format_version``):
 
 Prompt slots (no version change: an optional candidate field, checked when present):
 ``candidates[].slot`` is the prompt slot ``[n]`` that showed the candidate's text. Candidates
-with the same text share one slot (``app.slots``); slots open in rank order, 1, 2, ... A
+with the same text share one slot (``app.prompting.slots``); slots open in rank order, 1, 2, ... A
 receipt without ``slot`` (written before slots existed) showed one slot per candidate, in
 rank order (:func:`candidate_slots`).
 
 Prompt layout (no version change: an optional field, checked when present): ``prompt.layout``
 is ``{"name": "rank" | "canonical", "slots": [slot numbers in the order the prompt showed them]}``
-(``app.layout``); the prompt numbers them ``[1]``, ``[2]``, ... in that order. A receipt without
+(``app.prompting.layout``); the prompt numbers them ``[1]``, ``[2]``, ... in that order. A receipt without
 it showed its slots in rank order.
 
 Engines (no version change: optional fields, checked when present): ``plan.engine_id`` and
@@ -96,7 +96,7 @@ OPTIONAL_TIMINGS = {"auth_ms": "num?", "planning_ms": "num?", "prefill_ms": "num
 # The engine an answer was routed to (see the module docstring): optional, checked when present.
 OPTIONAL_PLAN = {"engine_id": "str", "fleet": "dict?"}
 OPTIONAL_GENERATOR = {"engine_id": "str"}
-# The order the prompt showed its slots in (app.layout): optional, checked when present; a
+# The order the prompt showed its slots in (app.prompting.layout): optional, checked when present; a
 # receipt without it showed them in rank order.
 PROMPT_LAYOUT = {"name": "str", "slots": "list"}
 FLEET_PREDICTION = {"engine_id": "str", "chosen_k": "int?", "predicted_wait_ms": "num",

@@ -17,7 +17,7 @@ once, idempotent by receipt id. A receipt whose id is already in the chain (the 
 committed before its connection dropped, or another process drained the same file) is not
 written again; its file is removed. :class:`SpoolDrainer` drains in a background thread with
 exponential backoff (0.5 s doubling to 30 s) until the spool is empty; the API's start drains
-before the journal's interrupted-sweep (:func:`app.receipt_wiring.record_interrupted_answers`).
+before the journal's interrupted-sweep (:func:`app.answering.receipt_wiring.record_interrupted_answers`).
 
 Ordering rule: the chain records append order (``seq``, ``prev_hash``); a spooled receipt
 keeps the ``created_at`` of the moment its answer ended and its first append failed, so its

@@ -2,7 +2,7 @@
 receipt id and the plan, on streamed and non-streamed responses alike.
 
 The headers are sent when the answer gets the model, before its first token
-(:class:`app.answer_state.Admission`), so a client that reads only headers (a benchmark tool,
+(:class:`app.answering.state.Admission`), so a client that reads only headers (a benchmark tool,
 a proxy log) can tell an answer planned without context (``X-Ragbudget-Chosen-K: 0``,
 ``X-Ragbudget-Binding: nothing_fits``) from one with context, and fetch the receipt
 (``GET /v1/receipts/{id}``) without reading the body:
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import uuid
 
-from app.answer_state import Admission
-from app.answer_types import Answer
+from app.answering.state import Admission
+from app.answering.types import Answer
 
 RECEIPT_ID = "X-Ragbudget-Receipt-Id"
 CHOSEN_K = "X-Ragbudget-Chosen-K"

@@ -4,7 +4,7 @@ Routers live one per resource in ``app.api.routes_*`` and each exposes
 ``router``, listed in :data:`ROUTERS`; every ``/v1`` route declares its role
 with ``require_role``. On start (the app's lifespan: ``ragbudget serve``, each worker
 of a server) the answers a killed process left unrecorded become ``interrupted``
-receipts (:func:`app.receipt_wiring.record_interrupted_answers`).
+receipts (:func:`app.answering.receipt_wiring.record_interrupted_answers`).
 
 Middleware, outermost first: the arrival clock (:mod:`app.api.clock`), forwarded
 headers from trusted proxies (:mod:`app.api.proxy`, only when ``trusted_proxies`` is
@@ -22,6 +22,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
 
+from app.answering.pipeline import AnswerPipeline
+from app.answering.receipt_wiring import record_interrupted_answers
 from app.api import (
     routes_answer,
     routes_chat,
@@ -42,8 +44,6 @@ from app.api.errors import ERROR_RESPONSES, install_error_handlers
 from app.api.limits import BodyLimitMiddleware
 from app.api.proxy import TrustedProxyMiddleware
 from app.api.security_headers import SecurityHeadersMiddleware
-from app.pipeline import AnswerPipeline
-from app.receipt_wiring import record_interrupted_answers
 from app.services import Services
 from app.settings import Settings, get_settings
 from app.ui import register as register_console

@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.routes_answer import MAX_REVISION
-from app.conversation import SYSTEM_ROLES, TURN_ROLES, Turn
+from app.prompting.conversation import SYSTEM_ROLES, TURN_ROLES, Turn
 from foundation.errors import InvalidInput, UnsupportedParameter
 from generation.base import MAX_SEED
 from generation.stopping import normalize_stop

@@ -11,13 +11,13 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.answer_state import AnswerEvent, AnswerRequest
-from app.answer_types import Advice, AdviceCurve, Answer
+from app.answering.pipeline import AnswerPipeline
+from app.answering.state import AnswerEvent, AnswerRequest
+from app.answering.types import Advice, AdviceCurve, Answer
 from app.api.answer_headers import answer_headers, plan_headers
 from app.api.clock import arrival_of, auth_ms_of
 from app.api.deps import require_role
 from app.api.streaming import iterate_in_thread
-from app.pipeline import AnswerPipeline
 from generation.base import MAX_SEED
 
 router = APIRouter(tags=["answers"])
@@ -57,7 +57,7 @@ class AnswerCreate(BaseModel):
         "setting (RAGBUDGET_ON_BUDGET_MISS)")
 
     def to_request(self) -> AnswerRequest:
-        """The pipeline's request (``app.pipeline.AnswerRequest``); ``stream`` stays with the route."""
+        """The pipeline's request (``app.answering.state.AnswerRequest``); ``stream`` stays with the route."""
         return AnswerRequest(question=self.question, ttft_budget_ms=self.ttft_budget_ms,
                              max_new_tokens=self.max_new_tokens, revision=self.revision,
                              k_max=self.k_max, temperature=self.temperature, top_p=self.top_p,
@@ -90,7 +90,7 @@ async def answer(body: AnswerCreate, request: Request, response: Response,
                  pipeline: AnswerPipeline = Depends(get_pipeline)) -> Any:
     """Retrieve, plan for the TTFT budget, generate, write a receipt.
 
-    Non-streaming: the :class:`~app.answer_types.Answer` with ``text``, ``chosen_k``, ``citations``,
+    Non-streaming: the :class:`~app.answering.types.Answer` with ``text``, ``chosen_k``, ``citations``,
     ``predicted`` (p50/p95 TTFT ms, profile id and source), ``timings``
     (queue_ms, ttft_ms, tpot_ms, retrieval_ms), ``tokens``, ``receipt_id`` and ``receipt_status``:
     ``written`` (in the chain), ``pending`` (the database was away when the answer ended: the

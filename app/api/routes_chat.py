@@ -7,7 +7,7 @@ field is honoured or refused with 400 in OpenAI's error shape
 (:mod:`app.api.chat_request`); ``model`` is one of ``GET /v1/models``.
 
 The last message is the question; the system messages and earlier turns go into
-the prompt after the cached scaffold (:mod:`app.conversation`), and retrieval
+the prompt after the cached scaffold (:mod:`app.prompting.conversation`), and retrieval
 embeds the question with the earlier user messages. ``stop`` ends the answer at
 the first stop string in the decoded text (not returned; ``finish_reason``
 ``"stop"``). Extras: the TTFT budget as body field ``ttft_budget_ms`` or header
@@ -32,8 +32,9 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Header, Request, Response
 from pydantic import BaseModel, Field
 
-from app.answer_state import AnswerEvent, AnswerRequest
-from app.answer_types import Answer, AnswerTimings, Citation, PredictedTTFT
+from app.answering.pipeline import AnswerPipeline
+from app.answering.state import AnswerEvent, AnswerRequest
+from app.answering.types import Answer, AnswerTimings, Citation, PredictedTTFT
 from app.api.answer_headers import answer_headers, plan_headers, response_id
 from app.api.chat_request import ChatCompletionCreate, ChatRequest, to_chat_request
 from app.api.clock import arrival_of, auth_ms_of
@@ -41,7 +42,6 @@ from app.api.deps import require_role
 from app.api.routes_answer import SSE_RESPONSE, get_pipeline
 from app.api.routes_models import check_model
 from app.api.streaming import event_stream, final_summary, iterate_in_thread, openai_sse, sse
-from app.pipeline import AnswerPipeline
 from foundation.errors import ContextLengthExceeded, InvalidInput
 
 router = APIRouter(tags=["openai"])
@@ -82,7 +82,7 @@ class RagbudgetExtra(BaseModel):
     """ragbudget's own fields on an OpenAI response: receipt id, plan choice, prediction, timings.
 
     ``receipt_status`` (``written``, ``pending`` or ``failed``) and ``receipt_error`` say what
-    became of the receipt, as on ``POST /v1/answer`` (:class:`app.answer_types.Answer`).
+    became of the receipt, as on ``POST /v1/answer`` (:class:`app.answering.types.Answer`).
     """
 
     receipt_id: str | None

@@ -26,7 +26,8 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Header, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.answer_types import Answer
+from app.answering.pipeline import AnswerPipeline
+from app.answering.types import Answer
 from app.api.answer_headers import answer_headers, plan_headers
 from app.api.chat_request import (
     MAX_USER_CHARS,
@@ -38,8 +39,7 @@ from app.api.deps import require_role
 from app.api.routes_answer import MAX_REVISION, SSE_RESPONSE, get_pipeline
 from app.api.routes_chat import RagbudgetExtra, Usage, extra_of, finish_reason_of, start_answer, usage_of
 from app.api.streaming import event_stream, final_summary, openai_sse, sse
-from app.conversation import Turn
-from app.pipeline import AnswerPipeline
+from app.prompting.conversation import Turn
 from foundation.errors import InvalidInput, UnsupportedParameter
 from generation.base import MAX_SEED
 from generation.stopping import normalize_stop

@@ -180,7 +180,7 @@ def replay_(receipt_id: str, body: ReplayRequest | None = None,
 
     A failed check is a finding, not an HTTP error: the response is 200 with ``ok: false``.
     """
-    from app.receipt_wiring import replay_receipt
+    from app.answering.receipt_wiring import replay_receipt
 
     report = replay_receipt(services, receipt_id, regenerate=bool(body and body.regenerate))
     return ReplayReportPublic(**report.to_dict())

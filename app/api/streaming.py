@@ -19,8 +19,8 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 if TYPE_CHECKING:
-    from app.answer_state import AnswerEvent
-    from app.answer_types import Answer
+    from app.answering.state import AnswerEvent
+    from app.answering.types import Answer
 
 _DONE = object()
 # Answers running in worker threads, with their cancel events: finish_answers() cancels and waits

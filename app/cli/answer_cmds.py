@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from app.cli.common import add_json_flag, emit
 
 if TYPE_CHECKING:
-    from app.answer_types import Advice, Answer
+    from app.answering.types import Advice, Answer
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -73,8 +73,8 @@ def cmd_ask(args: argparse.Namespace, services) -> int:  # type: ignore[no-untyp
     budget, k or revision) raises the pipeline's ``InvalidInput`` before any token, which
     ``app.cli.main`` turns into a one-line message and exit code 2.
     """
-    from app.answer_state import AnswerRequest
-    from app.pipeline import AnswerPipeline
+    from app.answering.pipeline import AnswerPipeline
+    from app.answering.state import AnswerRequest
 
     pipeline = AnswerPipeline(services)
     pipeline.warm()  # model loading stays outside the clock; the answer's clock starts at stream()
@@ -105,8 +105,8 @@ def cmd_advise(args: argparse.Namespace, services) -> int:  # type: ignore[no-un
     (prompt, cached and computed tokens; predicted prefill and TTFT p50/p95 in ms, overhead
     included) and the chosen k. Returns 0; bad input raises ``InvalidInput`` (exit 2).
     """
-    from app.answer_state import AnswerRequest
-    from app.pipeline import AnswerPipeline
+    from app.answering.pipeline import AnswerPipeline
+    from app.answering.state import AnswerRequest
 
     pipeline = AnswerPipeline(services)
     pipeline.warm()

@@ -11,7 +11,7 @@
 
 Progress is kept in ``<data_dir>/demo-state.json``, so a re-run skips what is
 done. Every step calls the same services as the commands a user would type
-(``app.ingest``, the calibration, ``app.receipt_wiring``) and prints what they
+(``app.ingest``, the calibration, ``app.answering.receipt_wiring``) and prints what they
 print, in one process, so models are loaded once.
 """
 
@@ -107,10 +107,10 @@ def _calibrate(services: Any, state: DemoState) -> None:
 
 
 def _ask(services: Any, state: DemoState, budget_ms: float, max_new: int) -> list[str]:
-    from app.answer_state import AnswerRequest
-    from app.answer_types import Answer
+    from app.answering.pipeline import AnswerPipeline
+    from app.answering.state import AnswerRequest
+    from app.answering.types import Answer
     from app.cli.answer_cmds import render_summary
-    from app.pipeline import AnswerPipeline
 
     done = state.get("receipts") or []
     if done:
@@ -163,8 +163,8 @@ def cmd_demo(args: argparse.Namespace, services: Any) -> int:  # type: ignore[no
     _banner("5/5 replay an earlier receipt against the pinned revision")
     rc = 0
     if receipts:
+        from app.answering.receipt_wiring import replay_receipt
         from app.cli.receipt_cmds import EXIT_VERIFY_FAILED
-        from app.receipt_wiring import replay_receipt
 
         report = replay_receipt(services, _pick_receipt(services, receipts), regenerate=True)
         print(report.render(), flush=True)

@@ -46,7 +46,7 @@ def scaffold_sizes(services: Any) -> list[int]:
         from sqlalchemy import select
 
         from app.models import Scaffold
-        from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder
+        from app.prompting.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder
         from foundation.db import read_session
 
         builder = PromptBuilder.for_generator(services.generator, services.settings.chat_template)

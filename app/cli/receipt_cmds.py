@@ -123,7 +123,7 @@ def cmd_replay(args: argparse.Namespace, services: Any) -> int:
     """``ragbudget replay ID [--regenerate]``: verify the receipt, re-run its retrieval, rebuild
     its prompt (and regenerate) and report every check. Returns 0 when no check failed, 4
     otherwise; an unknown id raises ``UnknownReceipt`` (exit 3)."""
-    from app.receipt_wiring import replay_receipt
+    from app.answering.receipt_wiring import replay_receipt
 
     report = replay_receipt(services, args.receipt_id, regenerate=args.regenerate)
     emit(args, report.to_dict(), lambda _p: report.render())
@@ -136,7 +136,7 @@ def cmd_recover(args: argparse.Namespace, services: Any) -> int:
     start) after appending the receipts spooled during a database outage, and list the journal
     rows left (answers in flight, rows of other hosts). Returns 0;
     naming this host with ``--host-gone`` raises InvalidInput (exit 2)."""
-    from app.receipt_wiring import drain_spool
+    from app.answering.receipt_wiring import drain_spool
     from receipts.journal import pending, recover_interrupted
 
     spooled = drain_spool(services)  # a spooled answer gets its own receipt, never interrupted

@@ -58,7 +58,7 @@ def cmd_sweep(args: argparse.Namespace, services: Any) -> int:
     (code ``invalid_budget``), ``--k-max`` outside 0..max_k (``invalid_k``) or ``--repeats``
     < 1 (``invalid_repeats``).
     """
-    from app.pipeline import AnswerPipeline
+    from app.answering.pipeline import AnswerPipeline
     from app.sweep import (
         apply_labels,
         default_questions,

@@ -6,7 +6,7 @@ The body comes from :func:`receipts.chain.get_receipt`, freshness from
 a freshness state. The only derived figure is the prefill time, named as such:
 ``TTFT - queue wait - pre-prefill overhead`` (the pipeline measures overhead
 from arrival to the planned prompt, then waits for the model, then prefills;
-see :mod:`app.pipeline`).
+see :mod:`app.answering.pipeline`).
 """
 
 from __future__ import annotations

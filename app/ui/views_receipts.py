@@ -4,7 +4,7 @@
 cursor), ``GET /ui/receipts/{id}``, ``POST /ui/receipts/{id}/replay`` (CSRF-checked;
 ``regenerate`` optional). The list is :func:`receipts.chain.list_receipts`, the page
 :func:`app.ui.receipt_view.receipt_view`, the replay
-:func:`app.receipt_wiring.replay_receipt`: the services behind ``/v1/receipts``.
+:func:`app.answering.receipt_wiring.replay_receipt`: the services behind ``/v1/receipts``.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def replay(request: Request, receipt_id: str, user: ConsoleUser = Depends(consol
 
     403 page ``csrf_failed`` without the session's CSRF token; 404 ``unknown_receipt``.
     """
-    from app.receipt_wiring import replay_receipt
+    from app.answering.receipt_wiring import replay_receipt
 
     check_csrf(request, user, form)
     regenerate = form.get("regenerate") in ("on", "1", "true")

@@ -1,6 +1,6 @@
 """Tuning in the console: ``GET /ui/tuning`` (question + budget in, the per-k curve out).
 
-The plan is :meth:`app.pipeline.AnswerPipeline.advise` on the app's own pipeline,
+The plan is :meth:`app.answering.pipeline.AnswerPipeline.advise` on the app's own pipeline,
 the service behind ``POST /v1/advise`` and ``GET /v1/advise/curve``; the overlay
 is the last ``ragbudget sweep`` (:func:`app.sweep.load_last`); the profile plot is
 the profile in force (:func:`app.profile_store.current_profile`). A GET: planning
@@ -15,8 +15,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
 
-from app.answer_state import AnswerRequest
-from app.pipeline import AnswerPipeline
+from app.answering.pipeline import AnswerPipeline
+from app.answering.state import AnswerRequest
 from app.services import Services
 from app.ui.charts import curve_svg, profile_svg
 from app.ui.web import ConsoleRoute, ConsoleUser, console_user, get_services, render

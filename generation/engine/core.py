@@ -199,7 +199,7 @@ class Engine:
         prefilling (:class:`Prefilling`: prompt tokens left, next position, max_new, order), in
         prefill order (:func:`generation.engine.scheduler.schedule`). An answer not admitted
         yet starts after the longest chain of its blocks the prefix cache holds now
-        (:meth:`cached_tokens`), else from position 0. Read by ``app.plan_bands`` for
+        (:meth:`cached_tokens`), else from position 0. Read by ``app.answering.bands`` for
         ``latency_model.step_model.BatchedBand``."""
         with self._state:
             seqs = [s for s in [*self._running, *self._waiting] if not s.done]
@@ -225,7 +225,7 @@ class Engine:
 
     def recent_steps(self) -> list[StepRecord]:
         """The last :data:`STEP_LOG` timed steps, oldest first: what the machine is doing now
-        (``app.plan_bands`` reads the machine's speed from them against the step model)."""
+        (``app.answering.bands`` reads the machine's speed from them against the step model)."""
         with self._log_lock:
             return list(self._log)
 

@@ -5,7 +5,7 @@
   :class:`Finished`. :data:`EngineEvent` is their union.
 * :class:`BatchSnapshot`: what a new answer would share steps with now
   (``Engine.batch_snapshot``): the answers :class:`Decoding` and the answers
-  :class:`Prefilling`, in prefill order. The planner reads it (``app.plan_bands``) and the
+  :class:`Prefilling`, in prefill order. The planner reads it (``app.answering.bands``) and the
   latency model's batch replay takes its entries (``latency_model.step_model``).
 * :class:`StepRecord`: one timed step of the step log (``Engine.recent_steps``), read by the
   planner against the step model (``latency_model.step_model.machine_speed``).

@@ -58,7 +58,7 @@ def test_non_stream_answer_cites_retrieved_pages_with_measured_timings(plain_ans
 
 
 def test_non_stream_receipt_records_the_answer_and_replays(plain_answer, answer_services):
-    from app.receipt_wiring import replay_receipt
+    from app.answering.receipt_wiring import replay_receipt
     from receipts.verify import verify_chain
 
     body = receipt_body(answer_services, plain_answer["receipt_id"])
@@ -116,7 +116,7 @@ def test_ask_command_streams_a_real_answer_and_prints_the_summary(answer_service
 
 
 def test_ask_summary_flags_a_budget_miss_and_not_a_kept_budget():
-    from app.answer_types import Answer
+    from app.answering.types import Answer
     from app.cli.answer_cmds import render_summary
     from tests.app.answers import make_answer
 

@@ -2,7 +2,7 @@
 
 Six questions about the ingested pages arrive over HTTP at random (seeded) offsets
 within 0.3 s, so the engine runs several of them in the same steps. Each answer's
-receipt then goes through ``replay --regenerate`` (``app.receipt_wiring.replay_receipt``):
+receipt then goes through ``replay --regenerate`` (``app.answering.receipt_wiring.replay_receipt``):
 the context is rebuilt from the stored chunks and the answer is generated again alone,
 with the recorded prefill chunk; every check must pass, the regenerated output included.
 """
@@ -33,7 +33,7 @@ QUESTIONS = [
 
 def test_receipts_of_batched_answers_replay_with_identical_tokens(live_server: Any,
                                                                   answer_services: Any) -> None:
-    from app.receipt_wiring import replay_receipt
+    from app.answering.receipt_wiring import replay_receipt
 
     engine = answer_services.generator.engine
     assert engine.max_running >= 2, "the local engine must batch for this test to mean anything"

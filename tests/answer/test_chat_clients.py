@@ -51,7 +51,7 @@ def test_stop_ends_the_answer_before_the_first_stop_string(client, answer_servic
 
 
 def test_stopped_answer_replays_identically(client, answer_services):
-    from app.receipt_wiring import replay_receipt
+    from app.answering.receipt_wiring import replay_receipt
 
     case = _case("stop_sequences.json")
     resp = _ask(client, case["messages"], max_tokens=case["max_tokens"], stop=case["stop"])
@@ -60,9 +60,9 @@ def test_stopped_answer_replays_identically(client, answer_services):
 
 
 def test_system_message_and_history_reach_the_model_and_the_receipt(client, answer_services):
-    from app.conversation import Turn
-    from app.prompt import PromptBuilder, PromptChunk, scaffold_by_hash
-    from app.receipt_wiring import replay_receipt
+    from app.answering.receipt_wiring import replay_receipt
+    from app.prompting.conversation import Turn
+    from app.prompting.prompt import PromptBuilder, PromptChunk, scaffold_by_hash
     from receipts.stored import stored_hits
 
     case = _case("system_and_history.json")
@@ -82,7 +82,7 @@ def test_system_message_and_history_reach_the_model_and_the_receipt(client, answ
         scaffold_by_hash(engine, body["scaffold"]["hash"]).text,
         [PromptChunk(h.document_id, h.version, h.text) for h in hits], body["question"],
         [Turn(m["role"], m["content"]) for m in body["request"]["messages"][:-1]],
-        order=body["prompt"]["layout"]["slots"])  # in the order the prompt showed them (app.layout)
+        order=body["prompt"]["layout"]["slots"])  # in the order the prompt showed them (app.prompting.layout)
     assert (prompt.prompt_hash, prompt.prompt_tokens) == (body["prompt"]["token_ids_hash"],
                                                           body["prompt"]["prompt_tokens"])
     shown = prompt.text[len(answer_services.tokenizer.decode(prompt.scaffold_ids)):]

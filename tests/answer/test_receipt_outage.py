@@ -28,8 +28,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
+from app.answering.receipt_wiring import record_interrupted_answers
 from app.api.app import create_app
-from app.receipt_wiring import record_interrupted_answers
 from app.settings import get_settings
 from foundation.db import read_session
 from generation.base import TokenEvent, TokenStream

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.receipt_wiring import replay_receipt, retriever_for_receipt
+from app.answering.receipt_wiring import replay_receipt, retriever_for_receipt
 from app.services import Services
 from tests.answer.conftest import BUDGET_MS, QUESTION
 

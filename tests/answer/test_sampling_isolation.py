@@ -112,7 +112,7 @@ def test_the_pipeline_refuses_bad_sampling_parameters_before_retrieval(
     """Callers that do not go through the HTTP schemas (the CLI, library use) get the same
     ranges: refused with ``invalid_sampling_parameter`` before retrieval, the queue or the
     model, and no receipt."""
-    from app.answer_state import AnswerRequest
+    from app.answering.state import AnswerRequest
     from foundation.errors import InvalidInput
 
     pipeline = live_server.pipeline

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from app.answer_state import AnswerRequest
-from app.pipeline import AnswerPipeline
+from app.answering.pipeline import AnswerPipeline
+from app.answering.state import AnswerRequest
 from app.services import Services
 from app.settings import Settings
 from generation.base import TokenEvent, TokenStream
@@ -103,7 +103,7 @@ import sys
 OURS = ("opentelemetry.sdk", "opentelemetry.exporter", "opentelemetry.proto")
 from pathlib import Path
 from tests.answer.test_tracing import ask, fake_services, FakeTimer, calibrate, quick_grid, no_cpu_probe
-from app.pipeline import AnswerPipeline
+from app.answering.pipeline import AnswerPipeline
 profile = calibrate(FakeTimer(), grid=quick_grid(8192, [200]), seed=3, progress=False, cpu_probe=no_cpu_probe)
 services = fake_services(Path({str(tmp_path)!r}), profile)
 pipeline = AnswerPipeline(services)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from app.answer_state import AnswerRequest
+from app.answering.state import AnswerRequest
 from tests.answer.conftest import BUDGET_MS, QUESTION, wait_idle
 
 pytestmark = pytest.mark.slow
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 def test_replay_regenerate_of_a_warm_answer_recomputes_cold_and_matches(live_server: Any,
                                                                         answer_services: Any) -> None:
-    from app.receipt_wiring import replay_receipt
+    from app.answering.receipt_wiring import replay_receipt
 
     pipe = live_server.pipeline
     gen = answer_services.generator

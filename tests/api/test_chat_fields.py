@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from app.receipt_wiring import replay_receipt
+from app.answering.receipt_wiring import replay_receipt
 from foundation.db import read_session
 from receipts.chain import get_receipt
 from receipts.models import ReceiptRow

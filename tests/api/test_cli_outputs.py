@@ -71,7 +71,7 @@ def test_revisions_without_an_action_lists_them(services: Services, capsys: Any)
 def test_plain_replay_does_not_load_the_generator(tmp_path: Path, api_profile: Profile) -> None:
     """Replay without ``--regenerate`` rebuilds the prompt with the generator's tokenizer only:
     an operator can check a 7B model's receipts on a machine that cannot load the model."""
-    from app.receipt_wiring import replay_receipt
+    from app.answering.receipt_wiring import replay_receipt
     from tests.api.fakes import CharTokenizer
     from tests.retrieval.fakes import HashingEmbedder
 

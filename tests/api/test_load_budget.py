@@ -435,7 +435,7 @@ def test_a_miss_is_blamed_on_the_larger_part_of_its_overrun() -> None:
     is the larger part, ``prefill`` whenever the plan still fitted once the model was free."""
     from types import SimpleNamespace
 
-    from app.answer_receipt import _miss_cause
+    from app.answering.receipt import _miss_cause
 
     p = SimpleNamespace(budget_ms=1200.0)
     row = SimpleNamespace(ttft_p95_ms=1168.0)

@@ -180,7 +180,7 @@ NAMED = [{"role": "system", "content": "Answer briefly.", "name": "house_rules"}
 
 
 def test_message_names_are_recorded_in_the_receipt_and_replay_exactly(compat: KeyedApp) -> None:
-    from app.receipt_wiring import replay_receipt
+    from app.answering.receipt_wiring import replay_receipt
     from receipts.chain import get_receipt
 
     named = chat(compat, NAMED, max_tokens=8)

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from app.receipt_wiring import replay_receipt
+from app.answering.receipt_wiring import replay_receipt
 from foundation.db import make_engine, read_session
 from latency_model.profile import Profile
 from receipts.chain import get_receipt

@@ -1,10 +1,10 @@
-"""Build typed :class:`app.answer_types.Answer` objects for unit tests from a few fields."""
+"""Build typed :class:`app.answering.types.Answer` objects for unit tests from a few fields."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from app.answer_types import Answer
+from app.answering.types import Answer
 
 
 def make_answer(**fields: Any) -> Answer:

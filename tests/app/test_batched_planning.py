@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.pipeline import AnswerPipeline
+from app.answering.pipeline import AnswerPipeline
 from generation.engine.messages import BatchSnapshot, Decoding, Prefilling, StepRecord
 from latency_model.calibration import calibrate
 from latency_model.grid import quick_grid
@@ -194,7 +194,7 @@ def test_the_correction_follows_the_machine_speed_read_from_engine_steps(step_pr
 
 def test_an_idle_engine_reads_no_speed(step_profile: Profile) -> None:
     """Steps older than the horizon say nothing about the machine now; too few say nothing."""
-    from app.plan_bands import SPEED_HORIZON_S
+    from app.answering.bands import SPEED_HORIZON_S
 
     engine = FakeEngine([], [])
     pipe = pipeline(engine)
@@ -211,7 +211,7 @@ def test_an_idle_engine_reads_no_speed(step_profile: Profile) -> None:
 def test_the_answer_shows_the_batch_its_plan_was_made_beside(step_profile: Profile) -> None:
     """``predicted.batch``: each running decoder's context and decode steps left, each prefill
     ahead's tokens left, position and max_new_tokens; None for a plan made alone."""
-    from app.plan_bands import batch_of
+    from app.answering.bands import batch_of
 
     busy = pipeline(FakeEngine([(400, 5), (900, 30)], [(300, 83, 64)]))
     band, _ = busy.bands.planner_profile(step_profile)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.conversation import QUERY_USER_MESSAGES, Turn, prompt_turns, retrieval_query
+from app.prompting.conversation import QUERY_USER_MESSAGES, Turn, prompt_turns, retrieval_query
 from foundation.errors import InvalidInput
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from app.answer_state import AnswerRequest
+from app.answering.pipeline import AnswerPipeline
+from app.answering.state import AnswerRequest
 from app.fleet import FIRST_TOKEN_P95_FACTOR, engine_gone, first_token_allowed_ms
-from app.pipeline import AnswerPipeline
 from foundation.errors import BackendError
 from generation.base import StreamBody, TokenStream
 from generation.remote_deadline import first_token_timeout

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from app.answer_state import AnswerRequest
+from app.answering.pipeline import AnswerPipeline
+from app.answering.state import AnswerRequest
 from app.fleet import KV_FULL_FRACTION, kv_full_load
-from app.pipeline import AnswerPipeline
 from app.services import Services
 from generation.remote_load import SlotLoad, SlotReading, parse_kv_usage, parse_queue_metrics
 from tests.app.test_fleet_routing import LLAMA_METRICS, QUESTION, fleet, profiles  # noqa: F401 - fixtures

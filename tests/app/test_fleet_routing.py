@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from app.answer_state import AnswerRequest
-from app.pipeline import AnswerPipeline
+from app.answering.pipeline import AnswerPipeline
+from app.answering.state import AnswerRequest
 from app.profile_store import save_profile
 from app.services import Services
 from app.settings import get_settings
@@ -167,7 +167,7 @@ def test_the_answer_goes_to_the_engine_that_carries_more_context_and_the_receipt
 
 def test_an_engine_whose_queue_is_full_is_passed_over_rather_than_refusing(
         profiles: dict[str, Profile], tmp_path: Path) -> None:
-    from app.genqueue import Ticket
+    from app.answering.genqueue import Ticket
 
     services = fleet_services(tmp_path, profiles, queue_max=0)
     pipe = AnswerPipeline(services)
@@ -191,7 +191,7 @@ def test_an_engine_whose_queue_is_full_is_passed_over_rather_than_refusing(
 
 
 def test_a_busy_engine_loses_the_request_to_one_that_can_still_carry_context(fleet: Services) -> None:
-    from app.genqueue import Ticket
+    from app.answering.genqueue import Ticket
 
     pipe = AnswerPipeline(fleet)
     budget = budget_between(pipe)
@@ -396,7 +396,7 @@ def test_a_refused_connection_takes_the_engine_out_of_rotation(fleet: Services) 
 # --- replay -------------------------------------------------------------------------------
 def test_replay_regenerates_on_the_recorded_engine_or_says_it_is_gone(
         fleet: Services, profiles: dict[str, Profile], tmp_path: Path) -> None:
-    from app.receipt_wiring import replay_receipt
+    from app.answering.receipt_wiring import replay_receipt
 
     pipe = AnswerPipeline(fleet)
     pipe.engines["fast"].health.mark_down("refused")

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from app.genqueue import Cancelled, GenerationQueue
+from app.answering.genqueue import Cancelled, GenerationQueue
 from foundation.errors import Busy
 
 
@@ -83,7 +83,7 @@ def test_cancelled_waiter_leaves_and_frees_its_place():
 
 
 def test_predicted_and_least_wait_count_the_running_and_waiting_tickets():
-    from app.genqueue import Ticket
+    from app.answering.genqueue import Ticket
 
     q = GenerationQueue(queue_max=5)
     running = Ticket(prefill_ms=100.0, tpot_ms=10.0, max_new_tokens=5)
@@ -146,7 +146,7 @@ def test_several_slots_run_together_and_the_next_waits_in_order():
 
 
 def test_a_free_slot_means_no_predicted_wait():
-    from app.genqueue import Ticket
+    from app.answering.genqueue import Ticket
 
     q = GenerationQueue(queue_max=1, slots=2)
     with q.slot(ticket=Ticket(prefill_ms=100.0, tpot_ms=10.0, max_new_tokens=5)):
@@ -156,7 +156,7 @@ def test_a_free_slot_means_no_predicted_wait():
 
 
 def test_retry_after_is_the_wait_when_full_else_the_first_running_answer_to_end():
-    from app.genqueue import Ticket
+    from app.answering.genqueue import Ticket
 
     q = GenerationQueue(queue_max=1, slots=2)
     assert q.retry_after_ms() == 0.0  # nothing runs

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.layout import canonical_key, layout_order, shown_as
-from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
+from app.prompting.layout import canonical_key, layout_order, shown_as
+from app.prompting.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
 from tests.api.fakes import CharTokenizer
 
 

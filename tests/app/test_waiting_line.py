@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from app.answer_state import AnswerRequest
-from app.pipeline import AnswerPipeline
+from app.answering.pipeline import AnswerPipeline
+from app.answering.state import AnswerRequest
 from app.services import Services
 from foundation.errors import InvalidInput
 from generation.base import TokenStream

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from app.answer_state import AnswerRequest
-from app.kv_lookup import cached_per_k
-from app.pipeline import AnswerPipeline
+from app.answering.kv_lookup import cached_per_k
+from app.answering.pipeline import AnswerPipeline
+from app.answering.state import AnswerRequest
 from app.services import Services
 from latency_model.calibration import calibrate
 from latency_model.grid import quick_grid
@@ -159,7 +159,7 @@ def test_an_engine_that_cannot_say_counts_the_scaffold_alone(world: Any) -> None
 
 @pytest.mark.parametrize("layout", ["canonical", "rank"])
 def test_a_receipt_records_the_layout_and_replay_rebuilds_its_tokens(world: Any, layout: str) -> None:
-    from app.receipt_wiring import replay_receipt
+    from app.answering.receipt_wiring import replay_receipt
 
     pipe, _gen = world
     pipe.prompt_layout = layout

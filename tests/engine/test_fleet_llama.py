@@ -55,7 +55,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory,
 def fleet(servers: dict[str, Any], smollm_dir: Path,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Services over both engines, the small corpus ingested, each engine's profile fitted on it."""
-    from app.pipeline import AnswerPipeline
+    from app.answering.pipeline import AnswerPipeline
     from app.profile_store import save_profile
     from app.services import Services
     from app.settings import get_settings
@@ -90,7 +90,7 @@ def fleet(servers: dict[str, Any], smollm_dir: Path,
 
 
 def _answer(pipe: Any, **kw: Any) -> Any:
-    from app.answer_state import AnswerRequest
+    from app.answering.state import AnswerRequest
 
     return pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=BUDGET_MS, max_new_tokens=8, **kw))
 
@@ -259,7 +259,7 @@ def test_an_engine_that_sends_no_first_token_in_time_is_taken_out_the_answer_ret
 
 def test_a_stalled_answer_that_must_make_its_budget_ends_with_first_token_timeout_and_its_receipt(
         fleet: Any, servers: dict[str, Any]) -> None:
-    from app.answer_state import AnswerRequest
+    from app.answering.state import AnswerRequest
     from receipts.chain import get_receipt_row, parse_body
     from receipts.verify import verify_chain
 

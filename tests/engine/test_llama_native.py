@@ -75,8 +75,8 @@ def test_a_second_answer_runs_beside_the_first_instead_of_queueing(
         native: Any, smollm_dir: Path, tmp_path: Path) -> None:
     """With no waiting allowed (``queue_max=0``), a second answer is admitted only if the
     engine's second slot is given to it while the first answer is still streaming."""
-    from app.answer_state import AnswerRequest
-    from app.pipeline import AnswerPipeline
+    from app.answering.pipeline import AnswerPipeline
+    from app.answering.state import AnswerRequest
     from app.profile_store import generator_config, save_profile
     from app.services import Services
     from app.settings import Settings

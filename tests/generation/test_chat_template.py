@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
+from app.prompting.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
 from foundation.errors import InvalidConfig
 from generation.chat_template import bundled_templates, resolve_chat_template
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
+from app.prompting.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
 from generation.base import GenParams
 from generation.engine.kv_cache import BlockPrefixCache
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
+from app.prompting.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
 from foundation.errors import InvalidInput, TooLarge
 from generation.base import Generator, GenParams
 

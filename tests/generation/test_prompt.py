@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select
 
-from app.conversation import Turn
 from app.models import Scaffold
-from app.prompt import (
+from app.prompting.conversation import Turn
+from app.prompting.prompt import (
     DEFAULT_SCAFFOLD_NAME,
     DEFAULT_SCAFFOLD_TEXT,
     PromptBuilder,

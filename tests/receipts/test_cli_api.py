@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-import app.receipt_wiring as wiring
+import app.answering.receipt_wiring as wiring
 from app.api.app import create_app
 from app.auth import create_key
 from app.cli.main import main

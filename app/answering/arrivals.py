@@ -1,14 +1,14 @@
 """The requests that have arrived and are not yet granted the model, and the room an answer
 planned now leaves them.
 
-One :class:`Arrivals` per :class:`app.pipeline.AnswerPipeline`. A request that will answer is
+One :class:`Arrivals` per :class:`app.answering.pipeline.AnswerPipeline`. A request that will answer is
 counted from its arrival (:meth:`Arrivals.arrive`) until it is granted the model, refused or
 fails (:meth:`Arrivals.left`). The engine prefills answers in the order they were granted, so
 the first of several requests arriving together, bound alone, could take every chunk its
 budget allows and leave those behind it too little time to answer even with k = 0. With the
 pipeline's ``room_for_arrivals`` switch (and late binding), an answer's k is capped so every
 counted arrival keeps room to answer (:meth:`Arrivals.room`), each priced behind it by
-:meth:`app.plan_bands.PlanBands.behind` (the step model under the online correction).
+:meth:`app.answering.bands.PlanBands.behind` (the step model under the online correction).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from generation.engine.messages import Prefilling
 from latency_model.planner import Plan, PrefillBand, chunking_prefix
 
 if TYPE_CHECKING:
-    from app.answer_state import Prepared
-    from app.plan_bands import Entry
+    from app.answering.bands import Entry
+    from app.answering.state import Prepared
     from latency_model.profile import Profile
 
 
@@ -41,10 +41,10 @@ class Arrival:
 
 
 class Pricer(Protocol):
-    """What prices a prefill behind the running batch (:class:`app.plan_bands.PlanBands`)."""
+    """What prices a prefill behind the running batch (:class:`app.answering.bands.PlanBands`)."""
 
     def behind(self, profile: Profile) -> Callable[[Sequence[Entry]], PrefillBand] | None:
-        """See :meth:`app.plan_bands.PlanBands.behind`."""
+        """See :meth:`app.answering.bands.PlanBands.behind`."""
 
 
 class Arrivals:

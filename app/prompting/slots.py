@@ -11,7 +11,7 @@ The rule (:func:`slot_numbers`): over the K candidates in rank order, a
 candidate whose chunk hash appeared at a better rank joins that candidate's
 slot; any other opens the next slot. Slot ``n`` is shown once, as ``[n]``, with
 its best-ranked source, and names the others after ``also``
-(:meth:`app.prompt.PromptBuilder.chunk_segment`)::
+(:meth:`app.prompting.prompt.PromptBuilder.chunk_segment`)::
 
     [1] (doc guides/setup.md v1; also doc copy/setup.md v1)
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from app.prompt import PromptChunk
+from app.prompting.prompt import PromptChunk
 
 
 def slot_numbers(chunk_hashes: Sequence[str]) -> list[int]:

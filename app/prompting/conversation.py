@@ -6,7 +6,7 @@ them here, both deterministic and recorded in the receipt (``request.messages``,
 ``retrieval.query``) so replay rebuilds them exactly:
 
 * :func:`prompt_turns`: the turns the prompt lays out after the scaffold
-  (:meth:`app.prompt.PromptBuilder.build`). System and developer messages,
+  (:meth:`app.prompting.prompt.PromptBuilder.build`). System and developer messages,
   joined by blank lines, open the first user turn (the scaffold already is the
   system turn, and must stay the cached prefix); consecutive messages of one
   role are merged, joined by a blank line, so user and assistant turns

@@ -1,11 +1,11 @@
-"""What an answer leaves behind: its :class:`app.answer_types.Answer` summary, its receipt and
+"""What an answer leaves behind: its :class:`app.answering.types.Answer` summary, its receipt and
 its journal row.
 
-One :class:`AnswerReceipts` per :class:`app.pipeline.AnswerPipeline`. When an answer ends (ok,
+One :class:`AnswerReceipts` per :class:`app.answering.pipeline.AnswerPipeline`. When an answer ends (ok,
 cancelled or failed once the pipeline started), :meth:`AnswerReceipts.finish` computes its
-timings from the :class:`app.answer_state.InFlight` clock readings (definitions in
-:mod:`app.pipeline`), feeds the measured prefill to the online correction
-(:meth:`app.plan_bands.PlanBands.learn`), appends exactly one receipt to the chain
+timings from the :class:`app.answering.state.InFlight` clock readings (definitions in
+:mod:`app.answering.pipeline`), feeds the measured prefill to the online correction
+(:meth:`app.answering.bands.PlanBands.learn`), appends exactly one receipt to the chain
 (:func:`receipts.chain.append_receipt`, body from :func:`receipts.schema.build_receipt_body`)
 and records the metrics. Before the first token :meth:`AnswerReceipts.open_journal` writes the
 journal row (:mod:`receipts.journal`) that the receipt's append deletes, so a process killed
@@ -25,8 +25,9 @@ import logging
 import time
 from typing import Any
 
-from app.answer_state import InFlight, Prepared
-from app.answer_types import (
+from app.answering.bands import batch_of
+from app.answering.state import InFlight, Prepared
+from app.answering.types import (
     Answer,
     AnswerTimings,
     Citation,
@@ -34,9 +35,8 @@ from app.answer_types import (
     PredictedTTFT,
     TokenCounts,
 )
-from app.conversation import Turn
-from app.plan_bands import batch_of
-from app.slots import hit_slots
+from app.prompting.conversation import Turn
+from app.prompting.slots import hit_slots
 from foundation.errors import Conflict, InvalidInput
 from foundation.hashing import sha256_ints, sha256_text
 from foundation.provenance import software_versions, utc_now_iso
@@ -53,7 +53,7 @@ class AnswerReceipts:
     identity), ``metrics`` and online correction (``_learn``) are read when used.
     """
 
-    def __init__(self, pipeline: Any) -> None:  # the owning app.pipeline.AnswerPipeline (no import: no cycle)
+    def __init__(self, pipeline: Any) -> None:  # the owning AnswerPipeline (no import: no cycle)
         self._pipeline = pipeline
         self._drainer: SpoolDrainer | None = None
 
@@ -249,7 +249,7 @@ class AnswerReceipts:
                      "user": p.request.user},
             retrieval={"k_candidates": r.k, "index": r.index, "query_truncated": r.query_truncated,
                        "query": p.query},
-            # each candidate's prompt slot (app.slots): what replay lays the prompt out from
+            # each candidate's prompt slot (app.prompting.slots): what replay lays the prompt out from
             candidates=[{"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id,
                          "document_id": h.document_id, "version": h.version,
                          "chunk_hash": h.chunk_hash, "slot": slot}
@@ -270,7 +270,7 @@ class AnswerReceipts:
             prompt={"token_ids_hash": p.prompt.prompt_hash, "prompt_tokens": summary.tokens.prompt,
                     "cached_tokens": summary.tokens.cached,
                     "computed_tokens": summary.tokens.computed,
-                    # the order the chosen slots were shown in (app.layout); replay lays them out so
+                    # the order the chosen slots were shown in (app.prompting.layout); replay lays them out so
                     "layout": {"name": p.prompt.layout, "slots": list(p.prompt.order)}},
             generator={"engine_id": p.engine_id,
                        "backend": ident.get("backend"), "model_id": ident.get("model_id"),

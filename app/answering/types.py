@@ -2,7 +2,7 @@
 
 One family of pydantic models (docs/architecture.md, "Contracts": small pydantic
 families) is the single shape of an answer everywhere:
-:class:`Answer` is built by :mod:`app.pipeline`, recorded by :mod:`app.metrics`,
+:class:`Answer` is built by :mod:`app.answering.pipeline`, recorded by :mod:`app.metrics`,
 written into the receipt, returned by ``POST /v1/answer`` (its response model;
 the ``final`` server-sent event carries the same object) and printed by
 ``ragbudget ask``. :class:`Advice` and :class:`AdviceCurve` are the same for
@@ -11,7 +11,7 @@ the ``final`` server-sent event carries the same object) and printed by
 
 Units live in the names: ``*_ms`` milliseconds (``time.perf_counter`` deltas),
 token counts are generator tokens. Timing definitions follow vLLM's benchmark
-conventions (see :mod:`app.pipeline`).
+conventions (see :mod:`app.answering.pipeline`).
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ class Citation(BaseModel):
     document_id: str
     version: int = Field(description="document version the chunk belongs to")
     chunk_hash: str = Field(description="sha256:<hex> of the chunk text")
-    slot: int | None = Field(None, description="the prompt slot of this chunk's text (app.slots: "
+    slot: int | None = Field(None, description="the prompt slot of this chunk's text (app.prompting.slots: "
                              "candidates with the same text share one; slots open in rank order)")
     shown_as: int | None = Field(None, description="the number [n] the prompt labels this chunk "
-                                 "with: its place in the prompt's layout (app.layout; the slot itself "
-                                 "in rank order); None: not in the prompt")
+                                 "with: its place in the prompt's layout (app.prompting.layout; the slot "
+                                 "itself in rank order); None: not in the prompt")
 
     @classmethod
     def of(cls, hit: Any, slot: int | None = None, shown_as: int | None = None) -> Citation:
@@ -56,8 +56,8 @@ class Citation(BaseModel):
         """Citations of ``hits`` (rank order) with their slots; with ``k``, only those shown in a
         prompt of ``k`` slots (every source of each slot, copies included), each with its number in
         that prompt: ``order`` (the slots in the order shown, ``Prompt.order``; default rank order)."""
-        from app.layout import shown_as
-        from app.slots import hit_slots
+        from app.prompting.layout import shown_as
+        from app.prompting.slots import hit_slots
 
         places = shown_as(order if order is not None else list(range(1, (k or 0) + 1)))
         return [cls.of(h, n, places.get(n) if k is not None else None)
@@ -72,7 +72,7 @@ class AnswerError(BaseModel):
 
 
 class PlanBatch(BaseModel):
-    """The local engine's batch a plan was made beside (``app.plan_bands.batch_of``): what the
+    """The local engine's batch a plan was made beside (``app.answering.bands.batch_of``): what the
     batch model (``latency_model.step_model.batched_step_shapes``) replayed for it."""
 
     decoding: list[tuple[int, int]] = Field(description="per running answer that is decoding: "
@@ -159,7 +159,7 @@ class Answer(BaseModel):
     ended: ``written`` (in the chain as ``receipt_id``), ``pending`` (the database could not
     take it; spooled durably, it is appended as ``receipt_id`` once the database is back, and
     ``GET /v1/receipts/{receipt_id}`` answers 404 until then) or ``failed`` (neither the chain
-    nor the spool took it; see :meth:`app.answer_receipt.AnswerReceipts.deliver`).
+    nor the spool took it; see :meth:`app.answering.receipt.AnswerReceipts.deliver`).
     ``receipt_error`` says why when it is not ``written``.
     """
 

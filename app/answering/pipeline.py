@@ -6,7 +6,7 @@ Timing definitions (vLLM's benchmark conventions, docs/architecture.md "Contract
   first sees the request (:mod:`app.api.clock`), so authentication, body parsing
   and validation are inside; for ``ragbudget ask``, the call itself.
 * ``auth_ms``: the API key check (part of the time before the plan).
-* ``queue_ms``: wait for the model (the bounded FIFO in :mod:`app.genqueue`).
+* ``queue_ms``: wait for the model (the bounded FIFO in :mod:`app.answering.genqueue`).
 * ``planning_ms``: prompt building and the plan.
 * ``prefill_ms``: the model granted to the first token with text.
 * ``ttft_ms``: request arrival to the first generated token with non-empty
@@ -14,12 +14,12 @@ Timing definitions (vLLM's benchmark conventions, docs/architecture.md "Contract
 
 Late binding (``late_binding``, on by default): retrieval and the full prompt
 are built on arrival, and a first plan is made with the time spent so far plus
-the queue's predicted wait (:meth:`app.genqueue.GenerationQueue.predicted_wait_ms`;
+the queue's predicted wait (:meth:`app.answering.genqueue.GenerationQueue.predicted_wait_ms`;
 ``POST /v1/advise`` reports it). The k the answer uses is chosen again when the
 request gets the model, by :meth:`AnswerPipeline.bind` (the one hook a scheduler
 calls), from the budget minus the time actually spent. With ``online_correction``
 the plans use the fitted profile under :mod:`latency_model.correction`, fed by
-every answer's measured prefill (both kept by :mod:`app.plan_bands`).
+every answer's measured prefill (both kept by :mod:`app.answering.bands`).
 
 Room for arrivals (``room_for_arrivals``, on by default, with late binding and a
 batching engine with a step model): the engine prefills answers in the order
@@ -28,7 +28,7 @@ that has already arrived and not yet got the model. Bound alone, the first of
 several requests arriving together takes the whole budget's worth of chunks and
 leaves the others too little time to answer even with k = 0 (on the load grid:
 two clients in lockstep, the second always at k = 0 near its budget; four, the
-other three refused fast over and over). :meth:`app.arrivals.Arrivals.room`
+other three refused fast over and over). :meth:`app.answering.arrivals.Arrivals.room`
 caps k at the largest that still lets each of them, priced behind it at p95 with
 k = 0 and the time it has already spent, answer within its own budget (binding
 ``arrivals``); a request that could not make it even then is not counted.
@@ -55,7 +55,7 @@ Every answer (ok, cancelled or failed after the pipeline started) writes
 exactly one receipt (:func:`receipts.chain.append_receipt`). An answer that gets the
 model first writes a journal row (:mod:`receipts.journal`), deleted with the receipt's
 append; should the process die before that, the next start records the answer as
-``interrupted``. Both are assembled in :mod:`app.answer_receipt`.
+``interrupted``. Both are assembled in :mod:`app.answering.receipt`.
 """
 
 from __future__ import annotations
@@ -69,9 +69,13 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from app.answer_receipt import AnswerReceipts
-from app.answer_state import Admission, AnswerEvent, AnswerRequest, InFlight, Prepared
-from app.answer_types import (
+from app.answering.arrivals import Arrivals
+from app.answering.bands import PlanBands
+from app.answering.genqueue import Cancelled, Ticket
+from app.answering.kv_lookup import cached_per_k
+from app.answering.receipt import AnswerReceipts
+from app.answering.state import Admission, AnswerEvent, AnswerRequest, InFlight, Prepared
+from app.answering.types import (
     Advice,
     AdviceTimings,
     Answer,
@@ -80,13 +84,9 @@ from app.answer_types import (
     PlanPublic,
     ProfileRef,
 )
-from app.arrivals import Arrivals
-from app.conversation import check_roles, retrieval_query
 from app.fleet import FleetEngine, engine_gone
-from app.genqueue import Cancelled, Ticket
-from app.kv_lookup import cached_per_k
 from app.metrics import AnswerMetrics
-from app.plan_bands import PlanBands
+from app.prompting.conversation import check_roles, retrieval_query
 from app.services import Services
 from app.settings import DEFAULT_ENGINE_ID, EngineConfig
 from app.tracing import answer_tracer
@@ -106,7 +106,7 @@ from latency_model.profile import Profile
 
 if TYPE_CHECKING:
     from app.models import Scaffold
-    from app.prompt import Prompt, PromptBuilder, PromptChunk
+    from app.prompting.prompt import Prompt, PromptBuilder, PromptChunk
     from retrieval.retriever import Hit
 
 
@@ -133,7 +133,7 @@ class AnswerPipeline:
         self.online_correction = bool(self.settings.online_correction)
         self.live_speed = bool(self.settings.correction_live_speed)
         self.room_for_arrivals = bool(getattr(self.settings, "room_for_arrivals", True))
-        # The order the chosen chunks are shown in (app.layout); a switch for an A/B in one process.
+        # The order the chosen chunks are shown in (app.prompting.layout); a switch for an A/B in one process.
         self.prompt_layout = str(getattr(self.settings, "prompt_layout", "rank"))
         # The baselines a fleet benchmark compares the joint choice with (benchmarks/fleet.py):
         # "round_robin" (a plain load balancer) or "least_ttft" (the engine with the least
@@ -144,7 +144,7 @@ class AnswerPipeline:
         self._round_robin = itertools.count()
         self._lock = threading.Lock()
         # Each engine's queue, planning band (the online correction and the answers granted but
-        # not yet seen by the engine: app.plan_bands, reading the switches above when used) and
+        # not yet seen by the engine: app.answering.bands, reading the switches above when used) and
         # health (app.fleet), in configured order.
         listed = getattr(self.settings, "engine_list", None)
         configs = listed() if callable(listed) else [EngineConfig(id=ENGINE_ID, kind="local")]
@@ -152,7 +152,7 @@ class AnswerPipeline:
         first = next(iter(self.engines.values()))
         self.queue = first.queue
         self.bands: PlanBands = first.bands
-        # The requests arrived and not yet granted the model (app.arrivals), left room to answer.
+        # The requests arrived and not yet granted the model (app.answering.arrivals), left room to answer.
         self.arrivals = Arrivals()
         self.receipts = AnswerReceipts(self)  # each answer's summary, receipt and journal row
         self.tracer = answer_tracer(self.settings, self.metrics)  # None: otlp_endpoint unset
@@ -164,7 +164,7 @@ class AnswerPipeline:
         """The stored default scaffold and the prompt builder for the generator (cached)."""
         with self._lock:
             if self._builder is None:
-                from app.prompt import DEFAULT_SCAFFOLD_NAME, DEFAULT_SCAFFOLD_TEXT, ensure_scaffold
+                from app.prompting.prompt import DEFAULT_SCAFFOLD_NAME, DEFAULT_SCAFFOLD_TEXT, ensure_scaffold
 
                 self.services.generator  # noqa: B018 - loaded first, as before: start-up errors surface here
                 self._scaffold = ensure_scaffold(self.services.engine, DEFAULT_SCAFFOLD_NAME,
@@ -250,18 +250,19 @@ class AnswerPipeline:
 
     @staticmethod
     def prompt_chunks(hits: list[Hit]) -> list[PromptChunk]:
-        """The prompt slots of retrieval hits (:func:`app.slots.prompt_slots`), in slot order: one
+        """The prompt slots of retrieval hits (:func:`app.prompting.slots.prompt_slots`), in slot order: one
         :class:`PromptChunk` per distinct chunk text, citing every hit that has it. A prompt of k
         slots is the first k of the slots of *all* the candidates, never the slots of ``hits[:k]``."""
-        from app.slots import prompt_slots
+        from app.prompting.slots import prompt_slots
 
         return prompt_slots(hits)
 
     def laid_out(self, builder: PromptBuilder, scaffold_text: str, chunks: list[PromptChunk],
                  question: str, history: Any) -> Prompt:
         """The prompt of ``chunks`` (the chosen slots, slot order) in this pipeline's layout
-        (:mod:`app.layout`): exactly ``full.ids_for(len(chunks))`` of :meth:`PromptBuilder.candidates`."""
-        from app.layout import layout_order
+        (:mod:`app.prompting.layout`): exactly ``full.ids_for(len(chunks))`` of
+        :meth:`PromptBuilder.candidates`."""
+        from app.prompting.layout import layout_order
 
         return builder.build(scaffold_text, chunks, question, history,
                              order=layout_order(chunks, self.prompt_layout), layout=self.prompt_layout)
@@ -340,7 +341,7 @@ class AnswerPipeline:
     def _look(self, engines: list[FleetEngine], full: Prompt) -> list[tuple[FleetEngine, dict[str, Any]]]:
         """What the planner needs of each engine now: its profile, planning band and correction
         (:meth:`PlanBands.planner_profile`), whether it caches ``full``'s scaffold and how many
-        tokens of each candidate prompt it caches (:func:`app.kv_lookup.cached_per_k`), its queue's
+        tokens of each candidate prompt it caches (:func:`app.answering.kv_lookup.cached_per_k`), its queue's
         predicted wait (other clients' load included) and depth. An engine without a profile
         (``UnknownProfile``: never calibrated, no prior possible) is left out while others
         have one; when none has, the first engine's error is raised. An engine whose queue is
@@ -366,7 +367,7 @@ class AnswerPipeline:
             out.append((e, {"profile": profile, "planner_profile": planner_profile,
                             "correction": correction,
                             "cached": bool(e.generator.prefix_cached(full.scaffold_ids)),
-                            # what its prefix cache holds of each candidate prompt (app.kv_lookup)
+                            # what its prefix cache holds of each candidate prompt (app.answering.kv_lookup)
                             "cached_k": cached_per_k(e.generator, full),
                             "wait_ms": wait_ms, "depth": e.queue.depth}))
         if not out:
@@ -482,7 +483,7 @@ class AnswerPipeline:
         Planned through the fleet planner (:func:`latency_model.fleet.choose`) with that one
         engine, whose wait is already inside ``overhead_ms``: exactly the single-engine plan
         (``tests/latency_model/test_fleet.py`` pins that). The engine's prefix cache is looked up
-        now (:func:`app.kv_lookup.cached_per_k`): at :meth:`bind`, the last look before admission.
+        now (:func:`app.answering.kv_lookup.cached_per_k`): at :meth:`bind`, the last look before admission.
         """
         e = engine or next(iter(self.engines.values()))
         view = EngineView(e.id, profile, 0.0, int(e.generator.context_window), scaffold_cached=cached,
@@ -624,7 +625,7 @@ class AnswerPipeline:
     def stream(self, req: AnswerRequest, *, cancel: threading.Event | None = None,
                arrival_t: float | None = None, auth_ms: float | None = None) -> Iterator[AnswerEvent]:
         """Answer ``req``, yielding one ``admitted`` event when it gets the model (its
-        :class:`~app.answer_state.Admission`: the reserved receipt id and the plan), its token
+        :class:`~app.answering.state.Admission`: the reserved receipt id and the plan), its token
         events, then one final (or error) event. An answer cancelled while it waits for the
         model has no ``admitted`` event, only the final one.
 
@@ -664,7 +665,7 @@ class AnswerPipeline:
         params = self.gen_params(req, prepared.max_new_tokens).resolved()
         state = InFlight()
         # Stop strings are cut here, on the decoded text of whatever backend streams it, and
-        # the same way in replay (app.receipt_wiring): one place, generation.stopping.
+        # the same way in replay (app.answering.receipt_wiring): one place, generation.stopping.
         stopper = StopMatcher(list(req.stop))
         ticket = self._ticket(prepared)
         slot: AbstractContextManager[float] | None = queue.slot(cancel, ticket)

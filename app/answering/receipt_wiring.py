@@ -156,9 +156,9 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
         NotFound: the recorded scaffold is not in the database; ``unknown_engine``, the
             recorded engine is no longer configured (:meth:`Services.engine_generator`).
     """
-    from app.conversation import Turn
-    from app.prompt import scaffold_by_hash
-    from app.slots import prompt_slots
+    from app.prompting.conversation import Turn
+    from app.prompting.prompt import scaffold_by_hash
+    from app.prompting.slots import prompt_slots
     from foundation.errors import BackendError, NotFound
     from foundation.hashing import sha256_ints
     from generation.base import GenParams
@@ -171,13 +171,13 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
             raise NotFound(f"scaffold {sc['hash']} is not stored", code="unknown_scaffold")
         # The generator's tokenizer without loading the generator (a plain replay needs no model).
         builder = services.prompt_builder
-        # the recorded slots (app.slots); a receipt from before slots showed one per candidate
+        # the recorded slots (app.prompting.slots); a receipt from before slots showed one per candidate
         slots = [_attr(h, "slot") for h in hits]
         chunks = prompt_slots(hits, slots if all(n is not None for n in slots)
                               else list(range(1, len(hits) + 1)))
         messages = (body.get("request") or {}).get("messages") or []
         history = [Turn(m["role"], m["content"]) for m in messages[:-1]]
-        # the order the slots were shown in (app.layout); a receipt without it showed rank order
+        # the order the slots were shown in (app.prompting.layout); a receipt without it showed rank order
         layout = (body.get("prompt") or {}).get("layout") or {}
         order = layout.get("slots")
         return builder.build(row.text, chunks, body["question"], history,

@@ -1,4 +1,4 @@
-"""The state of one answer as it moves through :class:`app.pipeline.AnswerPipeline`: the request,
+"""The state of one answer as it moves through :class:`app.answering.pipeline.AnswerPipeline`: the request,
 what was decided before generation (:class:`Prepared`), what the stream produced so far
 (:class:`InFlight`), and the events a caller streams (:class:`AnswerEvent`)."""
 
@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from app.answer_types import Answer, AnswerError, AnswerStatus, PredictedTTFT
-from app.conversation import Turn
+from app.answering.types import Answer, AnswerError, AnswerStatus, PredictedTTFT
+from app.prompting.conversation import Turn
 from generation.base import GenerationStats
 
 if TYPE_CHECKING:
     from app.models import Scaffold
-    from app.prompt import Prompt
+    from app.prompting.prompt import Prompt
     from latency_model.correction import CorrectionState
     from latency_model.planner import Plan, PrefillBand
     from latency_model.profile import Profile
@@ -26,7 +26,7 @@ class AnswerRequest:
 
     ``history``: the chat messages before the question (system/developer messages
     and earlier turns), laid out after the scaffold and used for the retrieval
-    query (:mod:`app.conversation`). ``stop``: stop strings
+    query (:mod:`app.prompting.conversation`). ``stop``: stop strings
     (:mod:`generation.stopping`). ``user``: the client's end-user id, recorded.
     ``question_name``: the ``name`` on the question's chat message, recorded with it.
     """
@@ -54,7 +54,7 @@ class Prepared:
 
     ``full_prompt`` holds all K candidates (the plan's token counts come from it);
     ``prompt`` holds the chosen k; ``query`` is the text retrieval embedded
-    (:func:`app.conversation.retrieval_query`). ``arrival_t``/``prepared_t`` are
+    (:func:`app.prompting.conversation.retrieval_query`). ``arrival_t``/``prepared_t`` are
     ``time.perf_counter()`` seconds; ``timings_ms`` has ``retrieval_ms``,
     ``planning_ms``, ``overhead_ms`` (arrival to the plan) and ``auth_ms`` (when a key was checked).
     ``predicted_wait_ms``: the queue's predicted wait on arrival; ``queue_depth``: requests
@@ -125,7 +125,7 @@ class Admission:
     ``receipt_id``: the id its journal row reserved, the id its receipt will have (None when
     the journal row could not be written; the final summary then says what became of the
     receipt). ``chosen_k``, ``binding`` and ``predicted`` are the plan it runs with (after late
-    binding), as in its :class:`~app.answer_types.Answer`; ``prompt_tokens`` its prompt length
+    binding), as in its :class:`~app.answering.types.Answer`; ``prompt_tokens`` its prompt length
     in tokens; ``ttft_budget_ms`` the budget it was planned for.
     """
 

@@ -1,6 +1,6 @@
 """The prefill band the answer pipeline plans with, and the online correction that learns it.
 
-One :class:`PlanBands` per :class:`app.pipeline.AnswerPipeline`. It answers "what will the
+One :class:`PlanBands` per :class:`app.answering.pipeline.AnswerPipeline`. It answers "what will the
 prefill of this prompt take, here and now": the fitted profile
 (:mod:`latency_model.profile`), plus the time the local engine's running batch adds
 (:class:`latency_model.step_model.BatchedBand`, when the profile has a step model), under the
@@ -18,7 +18,7 @@ is on. It keeps:
 
 * the pricer of a prefill behind everything running or granted (:meth:`PlanBands.behind`),
   with which an answer planned now leaves the requests arrived meanwhile room to answer
-  (:meth:`app.arrivals.Arrivals.room`);
+  (:meth:`app.answering.arrivals.Arrivals.room`);
 
 * the machine's speed now, read from the local engine's latest timed steps against the
   profile's mixed-step model (:meth:`PlanBands.live_speed`,
@@ -40,14 +40,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.answer_types import PlanBatch
+from app.answering.types import PlanBatch
 from generation.engine.messages import BatchSnapshot, Decoding, Prefilling
 from latency_model.correction import ALONE, BATCHED, CorrectedProfile, CorrectionRegistry, CorrectionState
 from latency_model.planner import PrefillBand
 from latency_model.profile import Profile
 
 if TYPE_CHECKING:
-    from app.answer_state import Prepared
+    from app.answering.state import Prepared
     from generation.base import GenerationStats
 
 log = logging.getLogger("ragbudget.pipeline")
@@ -81,7 +81,7 @@ def group_of(band: Any) -> str:
 
 def batch_of(band: Any) -> PlanBatch | None:
     """The running batch a plan made with ``band`` (corrected or not) was made beside, or
-    ``None`` when it was planned alone (:class:`app.answer_types.PlanBatch`: ``decoding``
+    ``None`` when it was planned alone (:class:`app.answering.types.PlanBatch`: ``decoding``
     ``(context, decode steps left)`` each, -1 for a decoder given without its steps left;
     ``prefilling`` ``(prompt tokens left, next position, max new tokens)`` each; see
     :func:`latency_model.step_model.predict_batched_ttft_ms`). Shown in the answer's
@@ -106,7 +106,7 @@ class PlanBands:
     default: the pipeline's ``services.generator``.
     """
 
-    def __init__(self, pipeline: Any,  # the owning app.pipeline.AnswerPipeline (no import: no cycle)
+    def __init__(self, pipeline: Any,  # the owning AnswerPipeline (no import: no cycle)
                  generator: Callable[[], Any] | None = None) -> None:
         self._pipeline = pipeline
         self._generator: Callable[[], Any] = generator or (lambda: pipeline.services.generator)

@@ -5,7 +5,7 @@ once with placeholder contents and split at the placeholders
 (:func:`derive_framing`); the plain-completion layout has a fixed framing
 (:func:`plain_framing`). :func:`check_assistant_turn` refuses a template whose
 prompt would not end by opening the assistant's turn. :func:`find_markers` lists the marker-like strings that
-:class:`app.prompt.PromptBuilder` requires to be special tokens.
+:class:`app.prompting.prompt.PromptBuilder` requires to be special tokens.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def derive_turn_framing(source: str, special_tokens: dict[str, str] | None = Non
 
     Returns None when the template does not render such a conversation with each
     content verbatim and in order (a conversation with earlier assistant turns then
-    cannot be laid out; see :meth:`app.prompt.PromptBuilder.build`).
+    cannot be laid out; see :meth:`app.prompting.prompt.PromptBuilder.build`).
     """
     messages = [{"role": "user", "content": _USR_PH}, {"role": "assistant", "content": _ASST_PH},
                 {"role": "user", "content": _USR2_PH}]

@@ -4,8 +4,8 @@ The scaffold (system prompt + fixed instructions, stored in the ``scaffolds``
 table with its hash) is the stable front of every prompt, so its KV cache can be
 reused. Its ids end at a chat-template boundary: the system turn is closed and
 the user-turn header written. Then come the chosen chunks, one per prompt slot
-(:mod:`app.slots`: identical texts share one), in the order of the prompt layout
-(:mod:`app.layout`: rank order, or a canonical order so overlapping retrievals
+(:mod:`app.prompting.slots`: identical texts share one), in the order of the prompt layout
+(:mod:`app.prompting.layout`: rank order, or a canonical order so overlapping retrievals
 share prefixes), numbered by their place in the prompt, each labelled
 ``[n] (doc <id> v<version>)`` (``; also doc <id> v<version>, ...`` for the copies) and
 separated by blank lines, then the question, then the user-turn end and the assistant header.
@@ -14,7 +14,7 @@ A chat request's own system messages and earlier turns (the conversation)
 come right after the scaffold, so the scaffold stays the cached prefix of every
 prompt (:meth:`PromptBuilder.build`, ``history``), as real chat turns framed
 with the template's own text (:func:`derive_turn_framing`); the turns are
-those of :func:`app.conversation.prompt_turns`; the last user turn holds the
+those of :func:`app.prompting.conversation.prompt_turns`; the last user turn holds the
 chunks and the question.
 
 Each segment is encoded on its own and the ids are concatenated; the joined
@@ -57,8 +57,9 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 
-from app.conversation import Turn, prompt_turns
-from app.framing import (
+from app.models import Scaffold
+from app.prompting.conversation import Turn, prompt_turns
+from app.prompting.framing import (
     TurnFraming,
     check_assistant_turn,
     derive_framing,
@@ -66,7 +67,6 @@ from app.framing import (
     find_markers,
     plain_framing,
 )
-from app.models import Scaffold
 from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import EmptyContent, InvalidConfig, NotFound
 from foundation.hashing import normalize_text, sha256_ints, sha256_text
@@ -139,7 +139,7 @@ def get_scaffold(engine: Engine, scaffold_id: int) -> Scaffold:
 
 @dataclass(frozen=True)
 class PromptChunk:
-    """A retrieved chunk as shown to the model: one prompt slot (:mod:`app.slots`); ``also`` holds
+    """A retrieved chunk as shown to the model: one prompt slot (:mod:`app.prompting.slots`); ``also`` holds
     ``(document id, version)`` of the other candidates with the same text."""
 
     document_id: int | str
@@ -220,7 +220,7 @@ class PromptBuilder:
         InvalidConfig: no template (code ``no_chat_template``); a template that does not
             echo the message contents; a template whose prompt does not end by opening the
             assistant's turn (code ``chat_template_no_assistant_turn``,
-            :func:`app.framing.check_assistant_turn`); a marker that is not one special token of the
+            :func:`app.prompting.framing.check_assistant_turn`); a marker that is not one special token of the
             tokenizer (code ``chat_template_mismatch``).
     """
 
@@ -354,7 +354,8 @@ class PromptBuilder:
         return list(ids)
 
     def history_segments(self, history: list[Turn]) -> tuple[list[int], list[dict[str, str]], str]:
-        """Ids of the conversation between scaffold and chunks (:func:`app.conversation.prompt_turns`).
+        """Ids of the conversation between scaffold and chunks
+        (:func:`app.prompting.conversation.prompt_turns`).
 
         Returns ``(ids, turns, open_text)``: ``turns`` are the closed chat turns
         (``{"role", "content"}``) for backends that take messages; ``open_text`` is
@@ -390,7 +391,7 @@ class PromptBuilder:
         ``order``: the chunks in the order the prompt shows them, as 1-based indices into
         ``chunks`` (a permutation; default ``1..len(chunks)``, rank order), numbered ``[1]``,
         ``[2]``, ... in that order; ``layout`` names the rule that chose it (recorded, see
-        :mod:`app.layout`).
+        :mod:`app.prompting.layout`).
 
         Raises:
             EmptyContent: the question is blank.
@@ -447,9 +448,9 @@ class PromptBuilder:
         given position is encoded once).
 
         Raises:
-            as :meth:`build`; ValueError: an unknown ``layout`` (:func:`app.layout.layout_order`).
+            as :meth:`build`; ValueError: an unknown ``layout`` (:func:`app.prompting.layout.layout_order`).
         """
-        from app.layout import layout_order
+        from app.prompting.layout import layout_order
 
         full = self.build(scaffold_text, chunks, question, history)
         if layout == "rank":

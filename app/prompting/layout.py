@@ -1,6 +1,6 @@
 """The prompt layout: in which order the chosen slots are shown to the model.
 
-Retrieval chooses the slots (the first ``k`` of the candidates' slots, :mod:`app.slots`); the
+Retrieval chooses the slots (the first ``k`` of the candidates' slots, :mod:`app.prompting.slots`); the
 layout only orders them. Two layouts (setting ``prompt_layout``):
 
 * ``rank``: best-ranked first, as retrieval returned them.
@@ -34,7 +34,7 @@ LAYOUTS = ("rank", "canonical")
 
 
 class Placed(Protocol):
-    """What the canonical key reads of a slot (an :class:`app.prompt.PromptChunk`)."""
+    """What the canonical key reads of a slot (an :class:`app.prompting.prompt.PromptChunk`)."""
 
     @property
     def document_id(self) -> int | str:
