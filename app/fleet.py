@@ -182,7 +182,8 @@ class FleetEngine:
     """One engine of a pipeline (see the module docstring).
 
     Args:
-        pipeline: the owning ``app.answering.pipeline.AnswerPipeline`` (its services, settings, switches).
+        pipeline: the owning ``app.answering.pipeline.AnswerPipeline`` (its services, settings,
+            switches and metrics).
         config: the engine's :class:`app.settings.EngineConfig`.
         position: its place in the configured list (the planner's last tie-break).
     """
@@ -194,7 +195,11 @@ class FleetEngine:
         self.position = position
         settings = pipeline.settings
         self.queue = GenerationQueue(settings.queue_max)
-        self.bands = PlanBands(pipeline, generator=lambda: self.generator)
+        services = pipeline.services
+        self.bands = PlanBands(pipeline.switches, pipeline.metrics,
+                               data_dir=lambda: getattr(services, "data_dir", None),  # a stand-in: none
+                               correction_window=settings.correction_window,
+                               generator=lambda: self.generator)
         interval = float(getattr(settings, "engine_probe_interval_s", 1.0))
         probe = None
         if config.kind == "remote" and config.base_url:

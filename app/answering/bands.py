@@ -26,9 +26,9 @@ is on. It keeps:
   the steps it ran in, and each plan scales the correction to the speed of the steps just
   run, so a machine that slows down shows in the next plan (``live_speed`` switch).
 
-The pipeline's ``late_binding``, ``online_correction`` and ``live_speed`` switches are flipped
-at run time (an A/B in one process, ``benchmarks/load.py``), so they are read from the
-pipeline on every call, never copied here.
+The pipeline's ``online_correction`` and ``live_speed`` switches are flipped at run time (an
+A/B in one process, ``benchmarks/load.py``), so they are read from the shared
+:class:`app.answering.state.AnswerSwitches` on every call, never copied here.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ from latency_model.planner import PrefillBand
 from latency_model.profile import Profile
 
 if TYPE_CHECKING:
-    from app.answering.state import Prepared
+    from app.answering.state import AnswerSwitches, Prepared
+    from app.metrics import AnswerMetrics
     from generation.base import GenerationStats
 
 log = logging.getLogger("ragbudget.pipeline")
@@ -98,20 +99,27 @@ def batch_of(band: Any) -> PlanBatch | None:
 
 
 class PlanBands:
-    """The batch-aware planning band and the online correction of one pipeline.
+    """The batch-aware planning band and the online correction of one engine.
 
-    ``pipeline``: the owner; its ``services``, ``metrics`` and ``online_correction`` are read
-    when used (the switch may change between answers). ``generator``: returns the generator of
-    the engine these bands plan for (one :class:`PlanBands` per engine, :mod:`app.fleet`);
-    default: the pipeline's ``services.generator``.
+    Args:
+        switches: the pipeline's switches; ``online_correction`` and ``live_speed`` are read
+            when used (they may change between answers).
+        metrics: where each learned correction is reported.
+        data_dir: returns the data directory the correction windows are stored in (None:
+            nothing stored or loaded).
+        correction_window: answers the online correction keeps (``correction_window``).
+        generator: returns the generator of the engine these bands plan for (one
+            :class:`PlanBands` per engine, :mod:`app.fleet`).
     """
 
-    def __init__(self, pipeline: Any,  # the owning AnswerPipeline (no import: no cycle)
-                 generator: Callable[[], Any] | None = None) -> None:
-        self._pipeline = pipeline
-        self._generator: Callable[[], Any] = generator or (lambda: pipeline.services.generator)
-        self.corrections = CorrectionRegistry(loader=self.stored_window,
-                                              window=pipeline.settings.correction_window)
+    def __init__(self, switches: AnswerSwitches, metrics: AnswerMetrics,
+                 data_dir: Callable[[], Path | None], correction_window: int,
+                 generator: Callable[[], Any]) -> None:
+        self._switches = switches
+        self._metrics = metrics
+        self._data_dir = data_dir
+        self._generator: Callable[[], Any] = generator
+        self.corrections = CorrectionRegistry(loader=self.stored_window, window=correction_window)
         # Binding an answer and handing it to the generator (whose engine queues it at once)
         # happen under ``admit_lock``, so two answers granted at once never both plan against
         # a batch that holds neither.
@@ -129,8 +137,8 @@ class PlanBands:
         plan's correction group (:func:`group_of`) is the band's: alone or beside a batch.
         """
         band = self.batched(profile, profile)
-        if self._pipeline.online_correction:
-            use = bool(self._pipeline.live_speed)
+        if self._switches.online_correction:
+            use = bool(self._switches.live_speed)
             corrected = CorrectedProfile(band, self.corrections.get(profile.id),
                                          self.live_speed(profile) if use else None, use,
                                          group_of(band))
@@ -141,8 +149,8 @@ class PlanBands:
         """The band a plan gets with the engine idle: the fitted profile with no running batch,
         under the online correction's alone group when that is on (:meth:`planner_profile`
         as it would be with nothing running). What tells a refusal that waiting cannot help."""
-        if self._pipeline.online_correction:
-            use = bool(self._pipeline.live_speed)
+        if self._switches.online_correction:
+            use = bool(self._switches.live_speed)
             return CorrectedProfile(profile, self.corrections.get(profile.id),
                                     self.live_speed(profile) if use else None, use, ALONE)
         return profile
@@ -191,8 +199,8 @@ class PlanBands:
         if now is None:
             return None
         fit, chunk, decoding, prefilling, budget = now
-        on = bool(self._pipeline.online_correction)
-        use = bool(self._pipeline.live_speed)
+        on = bool(self._switches.online_correction)
+        use = bool(self._switches.live_speed)
         correction = self.corrections.get(profile.id) if on else None
         speed = self.live_speed(profile) if on and use else None
 
@@ -235,13 +243,13 @@ class PlanBands:
         """What the last process learned for ``profile_id`` (its stored correction window)."""
         from app.profile_store import load_correction_window
 
-        data_dir = getattr(self._pipeline.services, "data_dir", None)
+        data_dir = self._data_dir()
         return load_correction_window(Path(data_dir), profile_id) if data_dir is not None else []
 
     def correction_state(self, profile_id: str) -> CorrectionState:
         """The online correction of ``profile_id`` as it stands (empty when never fed), at the
         machine speed of the newest answer it learned from (when the ``live_speed`` switch is on)."""
-        return self.corrections.get(profile_id).state(None, bool(self._pipeline.live_speed))
+        return self.corrections.get(profile_id).state(None, bool(self._switches.live_speed))
 
     def correction_summary(self, profile: Profile) -> dict[str, Any]:
         """The online correction of ``profile`` as a plan would get it now (at the machine speed
@@ -249,7 +257,7 @@ class PlanBands:
         dict, with ``groups``: what a plan alone and a plan beside a batch get
         (:meth:`latency_model.correction.OnlineCorrection.groups`), at that same speed."""
         correction = self.corrections.get(profile.id)
-        use = bool(self._pipeline.live_speed)
+        use = bool(self._switches.live_speed)
         speed_now = self.live_speed(profile) if use else None
         return {**correction.state(speed_now, use).to_dict(),
                 "groups": correction.groups(speed_now, use)}
@@ -282,12 +290,15 @@ class PlanBands:
         correction = self.corrections.get(p.profile.id)
         speed = self.live_speed(p.profile, span[0], span[1]) if span[0] is not None else None
         correction.observe(fitted_p50, prefill_ms, p95_now, speed, group_of(fitted))
-        use = bool(self._pipeline.live_speed)
+        use = bool(self._switches.live_speed)
         speed_now = self.live_speed(p.profile) if use else None
         state = correction.state(speed_now, use)
-        self._pipeline.metrics.correction(state.factor, state.p95_multiplier, state.coverage, state.speed)
+        self._metrics.correction(state.factor, state.p95_multiplier, state.coverage, state.speed)
+        data_dir = self._data_dir()
+        if data_dir is None:
+            return
         try:  # the groups at the same machine speed as the state, so the stored figures agree
-            save_correction_state(self._pipeline.services.data_dir, state, correction.window_pairs(),
+            save_correction_state(data_dir, state, correction.window_pairs(),
                                   groups=correction.groups(speed_now, use))
         except OSError:
             log.warning("could not store the online correction of %s", p.profile.id, exc_info=True)

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from app.answering.bands import batch_of
 from app.answering.state import InFlight, Prepared
@@ -43,31 +44,42 @@ from foundation.provenance import software_versions, utc_now_iso
 from generation.base import GenParams
 from receipts.spool import SPOOL_DIRNAME, DrainReport, ReceiptSpool, SpoolDrainer, content_of
 
+if TYPE_CHECKING:
+    from app.fleet import FleetEngine
+    from app.metrics import AnswerMetrics
+    from app.services import Services
+
 log = logging.getLogger("ragbudget.pipeline")
 
 
 class AnswerReceipts:
     """The summary, receipt and journal row of each answer of one pipeline.
 
-    ``pipeline``: the owner; its ``services`` (the database engine, the generator's
-    identity), ``metrics`` and online correction (``_learn``) are read when used.
+    Args:
+        services: the database engine (chain, journal, spool's data directory).
+        metrics: where each answer and each spool drain is counted.
+        engine_of: the engine an answer ran on (``AnswerPipeline.engine_of``): its generator's
+            identity goes in the receipt, its bands learn the measured prefill.
     """
 
-    def __init__(self, pipeline: Any) -> None:  # the owning AnswerPipeline (no import: no cycle)
-        self._pipeline = pipeline
+    def __init__(self, services: Services, metrics: AnswerMetrics,
+                 engine_of: Callable[[Prepared], FleetEngine]) -> None:
+        self._services = services
+        self._metrics = metrics
+        self._engine_of = engine_of
         self._drainer: SpoolDrainer | None = None
 
     @property
     def drainer(self) -> SpoolDrainer:
         """The background drain of this data directory's receipt spool (built on first use)."""
         if self._drainer is None:
-            services = self._pipeline.services
+            services = self._services
             self._drainer = SpoolDrainer(ReceiptSpool(services.data_dir / SPOOL_DIRNAME),
                                          lambda: services.engine, on_drained=self._drained)
         return self._drainer
 
     def _drained(self, report: DrainReport) -> None:
-        self._pipeline.metrics.spool_drained(len(report.appended), report.left)
+        self._metrics.spool_drained(len(report.appended), report.left)
 
     def finish(self, p: Prepared, params: GenParams, state: InFlight,
                receipt_id: str | None = None) -> Answer:
@@ -79,7 +91,7 @@ class AnswerReceipts:
         """
         summary, out_ids, prefill_ms = self.summary(p, state)
         # the online correction of the engine that answered (app.fleet: one per engine)
-        self._pipeline.engine_of(p).bands.learn(p, state.stats, prefill_ms, (state.granted_t, state.last_t))
+        self._engine_of(p).bands.learn(p, state.stats, prefill_ms, (state.granted_t, state.last_t))
         try:
             engine_prompt = state.stats.engine_prompt if state.stats is not None else None
             body = self.body(p, params, summary, out_ids, engine_prompt)
@@ -88,7 +100,7 @@ class AnswerReceipts:
             summary.receipt_status, summary.receipt_error = "failed", str(exc)
         else:
             self.deliver(summary, body, receipt_id)
-        self._pipeline.metrics.observe(summary)
+        self._metrics.observe(summary)
         return summary
 
     def deliver(self, summary: Answer, body: dict[str, Any], receipt_id: str | None) -> None:
@@ -109,7 +121,7 @@ class AnswerReceipts:
 
         rid = receipt_id or new_receipt_id()
         try:
-            summary.receipt_id = str(append_receipt(self._pipeline.services.engine, body,
+            summary.receipt_id = str(append_receipt(self._services.engine, body,
                                                     receipt_id=rid).id)
             summary.receipt_status = "written"
             return
@@ -224,7 +236,7 @@ class AnswerReceipts:
             summary.timings.total_ms = None  # not known: the answer has not ended
             body = self.body(p, params, summary, [], with_output=False)
             receipt_id = new_receipt_id()
-            open_entry(self._pipeline.services.engine, receipt_id, body)
+            open_entry(self._services.engine, receipt_id, body)
         except Exception:
             log.exception("could not write the answer's journal row; a crash now would lose its receipt")
             return None
@@ -236,7 +248,7 @@ class AnswerReceipts:
         """The receipt body of ``summary`` (validated; ``output`` null unless ``with_output``)."""
         from receipts.schema import build_receipt_body
 
-        gen = self._pipeline.engine_of(p).generator
+        gen = self._engine_of(p).generator
         r = p.retrieval
         ident = dict(gen.identity)
         text = summary.text

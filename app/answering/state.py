@@ -21,6 +21,39 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class AnswerSwitches:
+    """The answer path's switches, one object shared by the pipeline and every engine's
+    :class:`app.answering.bands.PlanBands`, read on every use: flipped at run time for an A/B in
+    one process (``benchmarks/load.py``, ``benchmarks/fleet.py``). Defaults from the settings
+    (:meth:`of`).
+
+    ``late_binding``: choose k again when the model is free; ``online_correction``: plan under
+    the learned correction; ``live_speed``: scale it to the machine's speed now;
+    ``room_for_arrivals``: leave the requests arrived meanwhile room to answer;
+    ``prompt_layout``: the order the chosen chunks are shown in (:mod:`app.prompting.layout`);
+    ``routing``: ``joint`` (the fleet planner's engine and k), or a baseline a fleet benchmark
+    compares it with, ``round_robin`` or ``least_ttft``, each at ``fixed_k`` when set.
+    """
+
+    late_binding: bool = True
+    online_correction: bool = True
+    live_speed: bool = True
+    room_for_arrivals: bool = True
+    prompt_layout: str = "rank"
+    routing: str = "joint"
+    fixed_k: int | None = None
+
+    @classmethod
+    def of(cls, settings: Any) -> AnswerSwitches:
+        """The switches as ``settings`` (:class:`app.settings.Settings`) set them."""
+        return cls(late_binding=bool(settings.late_binding),
+                   online_correction=bool(settings.online_correction),
+                   live_speed=bool(settings.correction_live_speed),
+                   room_for_arrivals=bool(getattr(settings, "room_for_arrivals", True)),
+                   prompt_layout=str(getattr(settings, "prompt_layout", "rank")))
+
+
+@dataclass
 class AnswerRequest:
     """One question with its TTFT budget. ``revision`` None: the latest revision.
 

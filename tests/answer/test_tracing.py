@@ -29,9 +29,7 @@ from latency_model.calibration import calibrate
 from latency_model.grid import quick_grid
 from latency_model.profile import Profile
 from receipts.chain import get_receipt
-from retrieval.chunking import ChunkerConfig
-from retrieval.store import IngestItem, ingest_batch
-from tests.api.conftest import api_settings, make_services
+from tests.api.conftest import api_settings, services_with_docs
 from tests.api.fakes import CharTokenizer, EchoGenerator, wrapped
 from tests.latency_model.conftest import FakeTimer, no_cpu_probe
 
@@ -53,12 +51,7 @@ def fake_services(root: Path, profile: Profile, generator: Any = None, **overrid
     """Fake model services on SQLite under ``root`` (auth off) with :data:`DOCS` ingested;
     ``generator`` default: the fake echo generator."""
     settings = api_settings(root, auth_enabled=False, default_max_new_tokens=6, **overrides)
-    services = make_services(settings, profile, generator)
-    ingest_batch(services.engine, [IngestItem(d, text=t) for d, t in DOCS.items()],
-                 tokenizer=services.tokenizer,
-                 chunker_config=ChunkerConfig(settings.chunk_tokens, settings.chunk_overlap_tokens),
-                 embedder=services.embedder)
-    return services
+    return services_with_docs(settings, profile, generator, DOCS)
 
 
 class Traced:

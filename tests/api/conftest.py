@@ -25,6 +25,8 @@ from app.settings import Settings, get_settings
 from latency_model.calibration import calibrate
 from latency_model.grid import quick_grid
 from latency_model.profile import Profile
+from retrieval.chunking import ChunkerConfig
+from retrieval.store import IngestItem, ingest_batch
 from tests.api.fakes import CharTokenizer, EchoGenerator
 from tests.latency_model.conftest import FakeTimer, no_cpu_probe
 from tests.retrieval.fakes import HashingEmbedder
@@ -47,6 +49,18 @@ def make_services(settings: Settings, profile: Profile, generator: Any = None) -
     services.__dict__["embedder"] = HashingEmbedder()
     services.__dict__["generator"] = generator or EchoGenerator(tokenizer)
     save_profile(services.engine, services.data_dir, profile)
+    return services
+
+
+def services_with_docs(settings: Settings, profile: Profile, generator: Any,
+                       docs: dict[str, str]) -> Services:
+    """:func:`make_services` with ``docs`` (document id -> text) ingested as one batch, chunked
+    and embedded as ``settings`` say."""
+    services = make_services(settings, profile, generator)
+    ingest_batch(services.engine, [IngestItem(d, text=t) for d, t in docs.items()],
+                 tokenizer=services.tokenizer,
+                 chunker_config=ChunkerConfig(settings.chunk_tokens, settings.chunk_overlap_tokens),
+                 embedder=services.embedder)
     return services
 
 

@@ -133,11 +133,14 @@ def test_with_no_budget_left_a_stalled_answer_that_must_make_it_fails_with_its_o
 
 
 def test_the_local_engine_gets_no_first_token_deadline(tmp_path: Path) -> None:
+    from app.answering.state import AnswerSwitches
     from app.fleet import FleetEngine
     from app.settings import EngineConfig, get_settings
 
     class _Pipe:
         settings = get_settings(data_dir=tmp_path)
+        switches = AnswerSwitches.of(settings)
+        metrics = None
         services = None
 
     engine = FleetEngine(_Pipe(), EngineConfig(id="local", kind="local"), 0)

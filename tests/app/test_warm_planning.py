@@ -22,9 +22,7 @@ from latency_model.calibration import calibrate
 from latency_model.grid import quick_grid
 from latency_model.profile import Profile
 from receipts.chain import get_receipt
-from retrieval.chunking import ChunkerConfig
-from retrieval.store import IngestItem, ingest_batch
-from tests.api.conftest import api_settings, make_services
+from tests.api.conftest import api_settings, services_with_docs
 from tests.api.fakes import CharTokenizer, EchoGenerator
 from tests.latency_model.conftest import FakeTimer, no_cpu_probe
 
@@ -74,12 +72,7 @@ def profile() -> Profile:
 def services_with(root: Path, profile: Profile, gen: Any) -> Services:
     settings = api_settings(root, auth_enabled=False, default_max_new_tokens=4, retrieval_candidates=4,
                             online_correction=False)
-    services = make_services(settings, profile, gen)
-    ingest_batch(services.engine, [IngestItem(d, text=t) for d, t in DOCS.items()],
-                 tokenizer=services.tokenizer,
-                 chunker_config=ChunkerConfig(settings.chunk_tokens, settings.chunk_overlap_tokens),
-                 embedder=services.embedder)
-    return services
+    return services_with_docs(settings, profile, gen, DOCS)
 
 
 @pytest.fixture
