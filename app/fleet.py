@@ -35,6 +35,7 @@ import httpx
 from app.answering.bands import PlanBands
 from app.answering.genqueue import GenerationQueue
 from app.settings import EngineConfig
+from generation.base import SupportsMaxRunning
 
 if TYPE_CHECKING:
     from app.answering.state import Prepared
@@ -234,7 +235,8 @@ class FleetEngine:
     def sync_slots(self) -> GenerationQueue:
         """The queue, its slots set to the generator's ``max_running`` (1 when it says none),
         and, for a remote engine, its load from other clients wired in (:meth:`start_load`)."""
-        self.queue.slots = max(1, int(getattr(self.generator, "max_running", 1) or 1))
+        gen = self.generator
+        self.queue.slots = max(1, int((gen.max_running if isinstance(gen, SupportsMaxRunning) else 1) or 1))
         return self.queue
 
     def start_load(self, profile: Profile) -> None:
@@ -257,7 +259,7 @@ class FleetEngine:
             self._load = SlotLoad(self.config.base_url, float(settings.engine_probe_interval_s),
                                   api_key=self.config.api_key).start()
         default_new = int(settings.default_max_new_tokens)
-        window = int(getattr(self.generator, "context_window", 4096) or 4096)
+        window = int(self.generator.context_window or 4096)
         tpot = float(profile.predict_tpot_ms(max(window // 2, 1)))
         load = self._load
 

@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 
 from app.settings import EngineConfig, Settings
 from foundation.errors import InvalidConfig, NotFound
-from generation.base import Generator
+from generation.base import Generator, SupportsPrefixCache
 from retrieval.tokens import TextTokenizer
 
 if TYPE_CHECKING:  # numpy / FAISS load only when a retriever is built
@@ -183,7 +183,7 @@ class Services:
             built[self.engine_ids[0]] = self.__dict__["generator"]
         out: dict[str, PrefixCacheStats] = {}
         for engine_id, gen in built.items():
-            cache = getattr(gen, "prefix_cache", None)
+            cache = gen.prefix_cache if isinstance(gen, SupportsPrefixCache) else None
             if isinstance(cache, BlockPrefixCache):
                 out[engine_id] = cache.stats()
         return out

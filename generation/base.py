@@ -6,6 +6,15 @@ transformers causal LM with a scaffold prefix KV cache) and
 or SGLang). The answer pipeline and the latency calibration code only see this
 module.
 
+What only some generators can do is declared here once, as small runtime-checkable protocols,
+and asked with ``isinstance`` (never by probing attributes by name): a generator running on an
+engine of its own (:class:`SupportsEngine`, the local one) whose engine looks up its prefix
+cache (:class:`SupportsPrefixLookup`), shows its running batch (:class:`SupportsBatchSnapshot`,
+with :class:`SupportsStepBudget`) and keeps its timed steps (:class:`SupportsRecentSteps`); a
+generator that chunks its prefill (:class:`SupportsPrefillChunk`), runs several answers at
+once (:class:`SupportsMaxRunning`) or keeps a block prefix cache (:class:`SupportsPrefixCache`).
+A remote backend has none of the engine's; the planner then prices what it can without them.
+
 Timing conventions (docs/architecture.md, "Contracts"): every time
 stamp is ``time.perf_counter()`` in seconds; durations are converted to ms once
 and carry ``_ms`` in their names. TTFT and TPOT follow vLLM's benchmark
@@ -20,15 +29,18 @@ import dataclasses
 import math
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from collections.abc import Generator as PyGenerator
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from foundation.errors import InvalidInput
 from foundation.hashing import MAX_SAFE_INTEGER
 from retrieval.tokens import TextTokenizer
+
+if TYPE_CHECKING:
+    from generation.engine.messages import BatchSnapshot, StepRecord
 
 #: Largest accepted seed: 2**53 - 1, so a seed is a plain JSON number every reader holds exactly.
 MAX_SEED = MAX_SAFE_INTEGER
@@ -356,6 +368,75 @@ class Generator(Protocol):
 
     def config_dict(self) -> dict[str, Any]:
         """Model shape for the roofline prior (``num_parameters``, ``num_hidden_layers``, ...)."""
+        ...
+
+
+# --- optional capabilities (see the module docstring) --------------------------------------------
+
+@runtime_checkable
+class SupportsEngine(Protocol):
+    """A generator that runs its answers on an engine of its own (``engine``: the local
+    generator's :class:`generation.engine.core.Engine`); what that engine can tell is asked
+    of it with the engine capabilities below."""
+
+    engine: object
+
+
+@runtime_checkable
+class SupportsPrefillChunk(Protocol):
+    """A generator that prefills in chunks of ``prefill_chunk`` tokens (the local engine)."""
+
+    prefill_chunk: int
+
+
+@runtime_checkable
+class SupportsMaxRunning(Protocol):
+    """A generator that runs up to ``max_running`` answers at once (the local engine's batch, a
+    remote server's slots)."""
+
+    max_running: int
+
+
+@runtime_checkable
+class SupportsPrefixCache(Protocol):
+    """A generator that keeps a prefix KV cache over token blocks (``prefix_cache``: the local
+    generator's :class:`generation.engine.kv_cache.BlockPrefixCache`)."""
+
+    prefix_cache: object
+
+
+@runtime_checkable
+class SupportsPrefixLookup(Protocol):
+    """An engine that says how many leading tokens of a prompt its prefix cache holds."""
+
+    def cached_tokens(self, prompt: list[int], prefix_len: int, chunk: int) -> int:
+        """Tokens of ``prompt`` an answer admitted now would load from the cache, with the
+        first ``prefix_len`` as the chunking prefix and ``chunk``-token prefill chunks."""
+        ...
+
+
+@runtime_checkable
+class SupportsBatchSnapshot(Protocol):
+    """An engine that shows the answers it runs and has been granted (decoding, prefilling)."""
+
+    def batch_snapshot(self) -> BatchSnapshot:
+        """The engine's batch now (:class:`generation.engine.messages.BatchSnapshot`)."""
+        ...
+
+
+@runtime_checkable
+class SupportsStepBudget(Protocol):
+    """An engine that runs at most ``step_token_budget`` tokens per step."""
+
+    step_token_budget: int
+
+
+@runtime_checkable
+class SupportsRecentSteps(Protocol):
+    """An engine that keeps its latest timed steps (:class:`generation.engine.messages.StepRecord`)."""
+
+    def recent_steps(self) -> Sequence[StepRecord]:
+        """The latest steps, oldest first."""
         ...
 
 

@@ -226,6 +226,105 @@ def test_every_run_file_in_benchmarks_results_is_cited_by_the_docs() -> None:
     assert uncited == []
 
 
+# --- the answer path's rooms (app/answering/, app/prompting/) ----------------------------------
+
+#: Each room of the answer path -> the rooms of ``app`` it may never import (docs/architecture.md,
+#: "The answer path's rooms"). The prompt never reaches the answer path that lays it out; neither
+#: reaches an interface (API, CLI, console), which import both.
+APP_INTERFACES = ("app.api", "app.cli", "app.ui")
+APP_ROOM_BANS: dict[str, tuple[str, ...]] = {
+    "app.prompting": ("app.answering", *APP_INTERFACES),
+    "app.answering": APP_INTERFACES,
+}
+#: The modules each room holds (one concept each).
+APP_ROOMS: dict[str, frozenset[str]] = {
+    "app.answering": frozenset({"admit", "arrivals", "bands", "finish", "generate", "genqueue", "kv_lookup",
+                                "pipeline", "receipt", "receipt_wiring", "state", "types", "window"}),
+    "app.prompting": frozenset({"conversation", "framing", "layout", "prompt", "slots"}),
+}
+#: The answer path's modules as they were before it had rooms: no module is left there.
+FLAT_APP_MODULES = ("pipeline", "plan_bands", "answer_receipt", "receipt_wiring", "answer_state",
+                    "answer_types", "genqueue", "arrivals", "kv_lookup", "slots", "layout", "framing",
+                    "conversation", "prompt")
+
+
+def _within(module: str, room: str) -> bool:
+    return module == room or module.startswith(room + ".")
+
+
+def _app_room_violations(found: list) -> list[str]:  # type: ignore[type-arg]
+    """Edges from a room of the answer path into a room it may not import, one line each."""
+    return [str(e) for e in found for room, banned in APP_ROOM_BANS.items()
+            if _within(e.importer, room) and any(_within(e.imported, b) for b in banned)]
+
+
+def test_the_answer_path_has_its_rooms_and_they_import_only_along_their_arrows(project_edges) -> None:
+    modules = module_names(REPO)
+    for room, held in APP_ROOMS.items():
+        assert {m.rpartition(".")[2] for m in modules if m.startswith(room + ".")} == held, room
+        assert ast_docstring(modules[room]), room  # each room says what it does
+    assert [m for m in FLAT_APP_MODULES if f"app.{m}" in modules] == []
+    assert _app_room_violations(project_edges) == []
+    # the interfaces do use both rooms, and the answer path lays its prompts out through the prompt's
+    pairs = {(e.importer.rsplit(".", 1)[0], e.imported.rsplit(".", 1)[0]) for e in project_edges}
+    assert {("app.api", "app.answering"), ("app.api", "app.prompting"),
+            ("app.answering", "app.prompting")} <= pairs
+
+
+def test_the_answer_path_rooms_check_bites(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {"app/answering/pipeline.py": "from app.prompting.prompt import P\n",
+                            "app/prompting/prompt.py": "from app.answering import state\n",
+                            "app/answering/state.py": "def f():\n    from app.api.errors import E\n",
+                            "app/api/errors.py": "from app.answering.pipeline import A\n"})
+    # answering -> prompting and api -> answering are allowed; the other two are not
+    assert sorted(v.split(" (")[0] for v in _app_room_violations(edges(root))) == [
+        "app.answering.state -> app.api.errors", "app.prompting.prompt -> app.answering.state"]
+
+
+def ast_docstring(path: Path) -> str | None:
+    """The module docstring of ``path`` (None without one)."""
+    import ast
+
+    return ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+
+
+#: Capabilities only some generators and engines have: asked with the protocols of
+#: ``generation.base`` (``isinstance``), never probed by name.
+CAPABILITY_NAMES = frozenset({"engine", "prefill_chunk", "max_running", "prefix_cache", "cached_tokens",
+                              "batch_snapshot", "step_token_budget", "recent_steps", "context_window"})
+
+
+def _capability_probes(path: Path) -> list[tuple[int, str]]:
+    """``(line, name)`` of every ``getattr``/``hasattr`` in ``path`` naming a capability."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant) and node.args[1].value in CAPABILITY_NAMES):
+            found.append((node.lineno, str(node.args[1].value)))
+    return found
+
+
+def test_generator_capabilities_are_asked_through_the_protocols_not_probed_by_name(tmp_path: Path) -> None:
+    from generation import base
+    from generation.engine.core import Engine
+
+    # the answer path and what it stands on (the interfaces hand a generator to a service)
+    probes = [(str(p.relative_to(REPO)), line, name) for p in sorted((REPO / "app").rglob("*.py"))
+              if p.parent.name not in ("api", "cli", "ui") for line, name in _capability_probes(p)]
+    assert probes == []
+    # the local engine has what the engine capabilities ask of it
+    for proto, name in ((base.SupportsPrefixLookup, "cached_tokens"),
+                        (base.SupportsBatchSnapshot, "batch_snapshot"),
+                        (base.SupportsRecentSteps, "recent_steps")):
+        assert name in vars(proto) and callable(vars(Engine).get(name)), proto.__name__
+    bad = tmp_path / "bad.py"
+    bad.write_text('def f(gen):\n    return getattr(gen, "engine", None), hasattr(gen, "prefill_chunk")\n')
+    assert _capability_probes(bad) == [(2, "engine"), (2, "prefill_chunk")]  # the check bites
+
+
 # --- the engine's rooms (generation/engine/) -----------------------------------------------------
 
 #: Each room of the engine -> the project modules it may import (docs/architecture.md, "The

@@ -41,6 +41,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.answering.types import PlanBatch
+from generation.base import (
+    SupportsBatchSnapshot,
+    SupportsEngine,
+    SupportsPrefillChunk,
+    SupportsRecentSteps,
+    SupportsStepBudget,
+)
 from generation.engine.messages import BatchSnapshot, Decoding, Prefilling
 from latency_model.correction import ALONE, BATCHED, CorrectedProfile, CorrectionRegistry, CorrectionState
 from latency_model.planner import PrefillBand
@@ -63,6 +70,11 @@ SPEED_HORIZON_S = 10.0
 #: A prefill as the batch model takes it (the engine's snapshot entry): tokens to prefill,
 #: first position, max new tokens, engine prefill order or None.
 Entry = Prefilling
+
+
+def _engine(generator: object) -> object | None:
+    """The engine ``generator`` runs on (:class:`generation.base.SupportsEngine`), else None."""
+    return generator.engine if isinstance(generator, SupportsEngine) else None
 
 
 def _prefill_order(entry: Prefilling) -> float:
@@ -170,8 +182,8 @@ class PlanBands:
         from latency_model.step_model import machine_speed
 
         fit = getattr(profile, "step_fit", None)
-        engine = getattr(self._generator(), "engine", None)
-        if fit is None or engine is None or not hasattr(engine, "recent_steps"):
+        engine = _engine(self._generator())
+        if fit is None or not isinstance(engine, SupportsRecentSteps):
             return None
         steps = engine.recent_steps()
         if since_t is None:
@@ -216,14 +228,14 @@ class PlanBands:
         budget)`` as the engine stands now (every answer granted is in it); None without a
         step model or a batching engine."""
         generator = self._generator()
-        engine = getattr(generator, "engine", None)
-        chunk = getattr(generator, "prefill_chunk", None)
+        engine = _engine(generator)
+        chunk = generator.prefill_chunk if isinstance(generator, SupportsPrefillChunk) else None
         fit = getattr(profile, "step_fit", None)
-        if fit is None or engine is None or not hasattr(engine, "batch_snapshot") or not chunk:
+        if fit is None or not isinstance(engine, SupportsBatchSnapshot) or not chunk:
             return None
         snapshot: BatchSnapshot = engine.batch_snapshot()
         prefilling = sorted(snapshot.prefilling, key=_prefill_order)  # as the engine packs them
-        budget = getattr(engine, "step_token_budget", None)
+        budget = engine.step_token_budget if isinstance(engine, SupportsStepBudget) else None
         return (fit, int(chunk), list(snapshot.decoding), prefilling,
                 int(budget) if isinstance(budget, int) else None)
 

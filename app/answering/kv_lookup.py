@@ -20,23 +20,26 @@ the planner then counts the scaffold alone, as before.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from generation.base import SupportsEngine, SupportsPrefillChunk, SupportsPrefixLookup
 
 if TYPE_CHECKING:
     from app.prompting.prompt import Prompt
 
 
-def cached_per_k(generator: Any, full: Prompt) -> tuple[int, ...] | None:
+def cached_per_k(generator: object, full: Prompt) -> tuple[int, ...] | None:
     """``(K + 1,)`` cached tokens of ``full``'s prompt with ``k`` chunks for ``k = 0..K``, or None
     when ``generator`` has no engine that reports them (see module).
 
     Each count is in ``[0, full.prompt_tokens_for(k)]``: the end of the longest cached chain of
     that prompt's blocks (the whole prompt only when the logits after it are cached too).
     """
-    engine = getattr(generator, "engine", None)
-    lookup = getattr(engine, "cached_tokens", None)
-    chunk = getattr(generator, "prefill_chunk", None)
-    if not callable(lookup) or not isinstance(chunk, int) or chunk < 1:
+    if not (isinstance(generator, SupportsEngine) and isinstance(generator, SupportsPrefillChunk)):
+        return None
+    engine, chunk = generator.engine, generator.prefill_chunk
+    if not isinstance(engine, SupportsPrefixLookup) or not isinstance(chunk, int) or chunk < 1:
         return None
     k_max = len(full.chunk_token_counts)  # K: the candidate prompts are k = 0..K
-    return tuple(int(lookup(full.ids_for(k), full.scaffold_len, chunk)) for k in range(k_max + 1))
+    return tuple(int(engine.cached_tokens(full.ids_for(k), full.scaffold_len, chunk))
+                 for k in range(k_max + 1))
