@@ -288,6 +288,32 @@ def ast_docstring(path: Path) -> str | None:
     return ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
 
 
+def _chunk_hit_shapes(path: Path) -> list[str]:
+    """Classes in ``path`` that declare a retrieved chunk's fields themselves (a ``score`` and a
+    ``chunk_hash`` among their annotated fields)."""
+    import ast
+
+    return [node.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.ClassDef)
+            and {"score", "chunk_hash"} <= {s.target.id for s in node.body if isinstance(s, ast.AnnAssign)
+                                            and isinstance(s.target, ast.Name)}]
+
+
+def test_one_chunk_hit_shape_is_declared_and_the_api_receipts_and_console_derive_from_it(
+        tmp_path: Path) -> None:
+    from app.answering.types import ChunkHit, Citation
+    from app.api.routes_retrieval import HitPublic
+    from app.ui.receipt_view import CandidateView
+
+    declared = [(str(p.relative_to(REPO)), name) for p in sorted((REPO / "app").rglob("*.py"))
+                for name in _chunk_hit_shapes(p)]
+    assert declared == [("app/answering/types.py", "ChunkHit")]
+    assert all(issubclass(k, ChunkHit) for k in (Citation, HitPublic, CandidateView))
+    bad = tmp_path / "bad.py"
+    bad.write_text("class Hit:\n    rank: int\n    score: float\n    chunk_hash: str\n")
+    assert _chunk_hit_shapes(bad) == ["Hit"]  # the check bites
+
+
 #: Capabilities only some generators and engines have: asked with the protocols of
 #: ``generation.base`` (``isinstance``), never probed by name.
 CAPABILITY_NAMES = frozenset({"engine", "prefill_chunk", "max_running", "prefix_cache", "cached_tokens",

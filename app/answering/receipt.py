@@ -31,6 +31,7 @@ from app.answering.state import InFlight, Prepared
 from app.answering.types import (
     Answer,
     AnswerTimings,
+    ChunkHit,
     Citation,
     FinishReason,
     PredictedTTFT,
@@ -262,9 +263,7 @@ class AnswerReceipts:
             retrieval={"k_candidates": r.k, "index": r.index, "query_truncated": r.query_truncated,
                        "query": p.query},
             # each candidate's prompt slot (app.prompting.slots): what replay lays the prompt out from
-            candidates=[{"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id,
-                         "document_id": h.document_id, "version": h.version,
-                         "chunk_hash": h.chunk_hash, "slot": slot}
+            candidates=[ChunkHit(**ChunkHit.fields_of(h)).receipt_candidate(slot)
                         for h, slot in zip(r.hits, hit_slots(r.hits), strict=True)],
             plan={"budget_ms": p.budget_ms, "chosen_k": summary.chosen_k,
                   "binding": p.plan.binding,

@@ -28,8 +28,15 @@ AnswerStatus = Literal["ok", "cancelled", "failed", "interrupted"]
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 
-class Citation(BaseModel):
-    """One retrieved chunk as cited (or offered as a candidate), in rank order."""
+class ChunkHit(BaseModel):
+    """One retrieved chunk, the one shape every reader shows it in, in rank order.
+
+    Declared once here; the others derive from it: the answer's citations and candidates
+    (:class:`Citation`), the hits of ``POST /v1/retrieve`` (``app.api.routes_retrieval.HitPublic``),
+    a receipt's ``candidates[]`` (:meth:`receipt_candidate`) and the console's receipt page
+    (``app.ui.receipt_view.CandidateView``). Built from a :class:`retrieval.retriever.Hit`, a
+    :class:`receipts.stored.StoredHit` or a receipt's candidate with :meth:`fields_of`.
+    """
 
     rank: int = Field(description="1-based rank in the retrieval")
     score: float = Field(description="exact float32 inner product, as stored")
@@ -38,6 +45,30 @@ class Citation(BaseModel):
     document_id: str
     version: int = Field(description="document version the chunk belongs to")
     chunk_hash: str = Field(description="sha256:<hex> of the chunk text")
+
+    @staticmethod
+    def fields_of(hit: Any) -> dict[str, Any]:
+        """The shared fields of ``hit`` (an object with these attributes, or a receipt's
+        candidate dict), the chunk id as its decimal string."""
+        def get(name: str) -> Any:
+            return hit[name] if isinstance(hit, dict) else getattr(hit, name)
+
+        return {"rank": get("rank"), "score": get("score"), "chunk_id": str(get("chunk_id")),
+                "document_id": str(get("document_id")), "version": get("version"),
+                "chunk_hash": get("chunk_hash")}
+
+    def receipt_candidate(self, slot: int) -> dict[str, Any]:
+        """This chunk as a receipt's ``candidates[]`` entry with its prompt ``slot``; the chunk
+        id as the integer the receipt schema takes (:mod:`receipts.schema` writes it)."""
+        return {"rank": self.rank, "score": self.score, "chunk_id": int(self.chunk_id),
+                "document_id": self.document_id, "version": self.version,
+                "chunk_hash": self.chunk_hash, "slot": slot}
+
+
+class Citation(ChunkHit):
+    """One retrieved chunk as cited (or offered as a candidate), in rank order, with its place
+    in the prompt."""
+
     slot: int | None = Field(None, description="the prompt slot of this chunk's text (app.prompting.slots: "
                              "candidates with the same text share one; slots open in rank order)")
     shown_as: int | None = Field(None, description="the number [n] the prompt labels this chunk "
@@ -47,9 +78,7 @@ class Citation(BaseModel):
     @classmethod
     def of(cls, hit: Any, slot: int | None = None, shown_as: int | None = None) -> Citation:
         """From a :class:`retrieval.retriever.Hit` (or anything with the same attributes)."""
-        return cls(rank=hit.rank, score=hit.score, chunk_id=str(hit.chunk_id),
-                   document_id=str(hit.document_id), version=hit.version, chunk_hash=hit.chunk_hash,
-                   slot=slot, shown_as=shown_as)
+        return cls(**ChunkHit.fields_of(hit), slot=slot, shown_as=shown_as)
 
     @classmethod
     def of_hits(cls, hits: list[Any], k: int | None = None, order: list[int] | None = None) -> list[Citation]:

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.answering.types import ChunkHit
 from app.api.deps import get_services, require_role
 from app.api.routes_answer import MAX_REVISION
 from app.auth import Principal
@@ -32,7 +33,7 @@ class RetrieveCreate(BaseModel):
                                  description="corpus revision to search (default: latest)")
 
 
-class HitPublic(BaseModel):
+class HitPublic(ChunkHit):
     """One ranked chunk of ``POST /v1/retrieve`` (``retrieval.retriever.Hit``).
 
     ``rank``: 1-based position; ``score``: the exact float32 inner product of the query and
@@ -43,13 +44,6 @@ class HitPublic(BaseModel):
     in generator tokens; ``text``: the chunk text, for operators and admins only.
     """
 
-    rank: int
-    score: float
-    chunk_id: str = Field(description="decimal string of the 63-bit chunk id (beyond 2**53, so not a "
-                                      "JSON number)")
-    document_id: str
-    version: int
-    chunk_hash: str
     start_char: int
     end_char: int
     n_tokens: int

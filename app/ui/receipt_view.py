@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from app.answering.types import ChunkHit
 from receipts.chain import get_receipt, within_budget
 from receipts.freshness import freshness
 from receipts.schema import candidate_slots
@@ -31,16 +32,10 @@ BINDING_TEXT = {
 }
 
 
-@dataclass
-class CandidateView:
-    """One candidate chunk as shown: rank, score, document version, freshness, text (if stored)."""
+class CandidateView(ChunkHit):
+    """One candidate chunk as shown: the chunk (:class:`app.answering.types.ChunkHit`), whether
+    it was cited, its document version's freshness, its text (if stored)."""
 
-    rank: int
-    score: float
-    chunk_id: int
-    document_id: str
-    version: int
-    chunk_hash: str
     cited: bool
     status: str
     superseded_by: int | None
@@ -76,8 +71,7 @@ def _candidates(engine: Engine, body: dict[str, Any], fresh: dict[str, Any],
     for c, slot in zip(body.get("candidates") or [], candidate_slots(body), strict=True):
         state = states.get((c["document_id"], c["version"]), {})
         view = CandidateView(
-            rank=c["rank"], score=c["score"], chunk_id=int(c["chunk_id"]), document_id=c["document_id"],
-            version=c["version"], chunk_hash=c["chunk_hash"], cited=slot <= chosen_k,
+            **ChunkHit.fields_of(c), cited=slot <= chosen_k,
             status=state.get("status", "unknown"), superseded_by=state.get("superseded_by"),
             changed_at_revision=state.get("changed_at_revision"), text=texts.get(int(c["chunk_id"])),
             problem=trouble.get(int(c["chunk_id"])))
