@@ -68,7 +68,7 @@ import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 #: The prefix cache's memory budget when none is set, MiB (K/V and logits of its blocks).
@@ -449,7 +449,8 @@ class BlockPrefixCache:
         if block.last_logits is None and last_logits is not None:
             extra = _tensor_bytes(last_logits)
             pinned = block.pins > 0
-            if self._make_room(extra, key) and (not pinned or self._pinned_bytes + extra <= self.budget_bytes):
+            fits_pins = not pinned or self._pinned_bytes + extra <= self.budget_bytes
+            if fits_pins and self._make_room(extra, key):
                 block.last_logits = last_logits
                 block.nbytes += extra
                 self._bytes += extra
