@@ -84,7 +84,7 @@ from app.arrivals import Arrivals
 from app.conversation import check_roles, retrieval_query
 from app.fleet import FleetEngine, engine_gone
 from app.genqueue import Cancelled, Ticket
-from app.kv_lookup import cached_per_k
+from app.kv_lookup import cached_per_k, pin_prompt
 from app.metrics import AnswerMetrics
 from app.plan_bands import PlanBands
 from app.services import Services
@@ -673,6 +673,7 @@ class AnswerPipeline:
         # the engine alone shows who waits: the next answer granted plans beside it).
         stream: TokenStream | None = None
         refused: Exception | None = None  # stream() refused it: raised where its tokens are read
+        pin: Any = None  # its planned cached chain, held until the engine admits it (app.kv_lookup)
         queued_t = time.perf_counter()
         try:
             state.queue_ms = slot.__enter__()  # type: ignore[union-attr]
@@ -686,6 +687,7 @@ class AnswerPipeline:
                     prepared = replace(prepared, granted_band=joined)
                     if reject:
                         self._check_reachable(prepared, prepared.plan.overhead_ms, 0.0, "granted")
+                    pin = pin_prompt(gen, prepared.prompt)
                     stream, refused = self._start(gen, prepared, params, cancel)
                     engine.arm_first_token(stream, prepared)  # a remote engine's deadline (app.fleet)
                     self.arrivals.left(arrival_key)  # now counted among the prefills granted
@@ -693,6 +695,8 @@ class AnswerPipeline:
                 receipt_id = self.receipts.open_journal(prepared, params, state)
                 state.granted_t = self._granted_t(stream)
             except BaseException:
+                if pin is not None:
+                    pin.release()
                 if stream is not None:
                     stream.close()
                 state.granted_t = None
@@ -772,6 +776,8 @@ class AnswerPipeline:
                                       message=str(exc))
         finally:
             self.arrivals.left(arrival_key)
+            if pin is not None:
+                pin.release()  # a no-op once the engine admitted the answer
             if stream is not None:
                 stream.close()  # ends it where it is (a no-op once it ran out)
             if slot is not None:
