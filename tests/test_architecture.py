@@ -234,7 +234,8 @@ def test_every_run_file_in_benchmarks_results_is_cited_by_the_docs() -> None:
 ENGINE_ARROWS: dict[str, frozenset[str]] = {
     "generation.engine.messages": frozenset(),
     "generation.engine.scheduler": frozenset(),
-    "generation.engine.kv_cache": frozenset({"foundation.hashing"}),
+    "generation.engine.block_cache": frozenset(),
+    "generation.engine.kv_cache": frozenset({"foundation.hashing", "generation.engine.block_cache"}),
     "generation.engine.request": frozenset({"generation.engine.kv_cache", "generation.engine.messages",
                                             "generation.engine.scheduler"}),
     "generation.engine.runner": frozenset({"foundation.compute", "generation.engine.request",
