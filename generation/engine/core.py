@@ -245,6 +245,9 @@ class Engine:
         """Drive ``seq`` synchronously (caller holds the model lock) until its first token, plus
         ``decode_steps`` decode steps: the calibration timers and prefix warming use this."""
         self._admit(seq)
+        if seq.first_logits is not None:  # cached whole: its first token from the cache, no step
+            logits, seq.first_logits = seq.first_logits, None
+            self._choose(seq, logits)
         while not seq.done and (seq.in_prefill() or seq.next_tok is None):
             self.step([seq])
         for _ in range(decode_steps):

@@ -211,3 +211,17 @@ def test_a_failed_admission_releases_its_pin() -> None:
         engine.close()
     assert isinstance(end, Finished) and end.reason == "error"
     assert c.pins_held() == 0
+
+
+def test_run_alone_on_a_prompt_cached_whole_stops_at_its_first_token() -> None:
+    """A prompt whose chain covers it whole (with the logits after it) takes its first token
+    from the cache; run_alone stops there, so a timed decode step after it still has one to do
+    (the decode timer of calibration used to find the answer already ended)."""
+    c = cache(16)
+    a = SCAFFOLD + page(0)  # ends on a block boundary: cached whole with its logits
+    fill(c, a, 4, logits=torch.zeros(3))
+    engine = engine_with(c)
+    req = Request(prompt=a, prefix_len=4, max_new=2, chunk=4, select=lambda _row: 7, eos=frozenset())
+    engine.run_alone(req)
+    assert req.cached_tokens == len(a) and req.produced == 1 and not req.done
+    assert engine.steps == 0  # no forward: the first token came from the cached logits
