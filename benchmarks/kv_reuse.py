@@ -30,7 +30,7 @@ budget; a follow-up within 1.2x of the prefill of its new tokens alone.
 
     cp -a /work/main/ragbudget-data /tmp/kv-data    # never write into the prepared directory
     RAGBUDGET_DATA_DIR=/tmp/kv-data flock /tmp/ragbudget-cpu.lock \\
-        python -m benchmarks.kv_reuse --out benchmarks/results/kv-reuse-1.jsonl --per-cell 12
+        python -m benchmarks.kv_reuse --out benchmarks/results/kv-reuse-1.jsonl --per-cell 6
     python -m benchmarks.kv_reuse --out benchmarks/results/kv-reuse-1.jsonl --report
 """
 
@@ -255,7 +255,7 @@ def report(rows: list[dict[str, Any]]) -> str:
     cells: dict[tuple[int, str], dict[str, list[dict[str, Any]]]] = {}
     for r in answers:
         cells.setdefault((r["clients"], r["mode"]), {}).setdefault(r["arm"], []).append(r)
-    out = ["| clients | mode | answers A/B | median TTFT A / B (ms) | B vs A | mean k A / B | k ratio "
+    out = ["| clients | mode | answers A/B | median TTFT A / B (ms) | B vs A (TTFT) | mean k A / B | k ratio "
            "| within budget A / B | cached tokens (median) A / B |",
            "|---|---|---|---|---|---|---|---|---|"]
     for (clients, mode), arms in sorted(cells.items()):
@@ -265,7 +265,7 @@ def report(rows: list[dict[str, Any]]) -> str:
         kb = statistics.fmean(r["k"] for r in b) if b else None
         wa = sum(r["within"] for r in a) / len(a) if a else None
         wb = sum(r["within"] for r in b) / len(b) if b else None
-        red = f"{(1 - tb / ta) * 100:+.0f} % lower" if ta and tb is not None else "-"
+        red = f"{(tb / ta - 1) * 100:+.0f} %" if ta and tb is not None else "-"
         ratio = f"{kb / ka:.2f}x" if ka and kb is not None else "-"
         within = "-" if mode == "fixed-k" else f"{_fmt(wa and wa * 100)} % / {_fmt(wb and wb * 100)} %"
         ca, cb = _med([r["cached_tokens"] for r in a]), _med([r["cached_tokens"] for r in b])

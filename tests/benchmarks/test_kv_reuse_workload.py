@@ -62,7 +62,7 @@ def test_the_table_compares_the_arms_per_cell() -> None:
             {"kind": "kv-end", "peak_bytes": 6 << 20, "budget_bytes": 256 << 20, "evicted": 0,
              "stored": 3, "refused": 0, "pins": 0, "pin_shortened": 0}]
     table = report(rows)
-    assert "| 1 | fixed-k | 1/1 | 1000 / 400 | +60 % lower |" in table
+    assert "| 1 | fixed-k | 1/1 | 1000 / 400 | -60 % |" in table
     assert "| 2.00 / 3.00 | 1.50x | 100 % / 0 % |" in table
     assert "| B | 1 | 1000 | 100 | 10.00 | 0 % |" in table
     assert "most bytes held 6.0 MiB of a 256 MiB budget" in table
