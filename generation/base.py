@@ -416,6 +416,17 @@ class SupportsPrefixLookup(Protocol):
 
 
 @runtime_checkable
+class SupportsPrefixPin(Protocol):
+    """An engine that pins a prompt's cached chain until the answer that runs it is admitted
+    (:meth:`generation.engine.core.Engine.pin`)."""
+
+    def pin(self, prompt: list[int], prefix_len: int, chunk: int) -> object | None:
+        """A handle with ``cached_tokens`` and an idempotent ``release()``, or None when the
+        engine keeps no block cache."""
+        ...
+
+
+@runtime_checkable
 class SupportsBatchSnapshot(Protocol):
     """An engine that shows the answers it runs and has been granted (decoding, prefilling)."""
 

@@ -359,7 +359,8 @@ def test_generator_capabilities_are_asked_through_the_protocols_not_probed_by_na
 ENGINE_ARROWS: dict[str, frozenset[str]] = {
     "generation.engine.messages": frozenset(),
     "generation.engine.scheduler": frozenset(),
-    "generation.engine.kv_cache": frozenset({"foundation.hashing"}),
+    "generation.engine.block_cache": frozenset(),
+    "generation.engine.kv_cache": frozenset({"foundation.hashing", "generation.engine.block_cache"}),
     "generation.engine.request": frozenset({"generation.engine.kv_cache", "generation.engine.messages",
                                             "generation.engine.scheduler"}),
     "generation.engine.runner": frozenset({"foundation.compute", "generation.engine.request",

@@ -8,11 +8,13 @@ how many of its leading tokens an answer admitted now would load
 prefix, the generator's prefill chunk), so warm chunks are priced as cached
 (:func:`latency_model.planner.plan`, ``cached_tokens``).
 
-Nothing is pinned between this look-up and the answer's admission: a block evicted meanwhile
-is computed again (the answer is exact either way; only its prefill takes longer than
-planned, which the online correction sees as any other misprediction). The plan is looked
-up again when the request gets the model (late binding), which narrows that window to the
-time between the grant and the engine's admission.
+The plan is looked up again when the request gets the model (late binding); right after
+that last look, under the engine's admit lock, the chosen prompt's cached chain is pinned
+(:func:`pin_prompt`, :meth:`generation.engine.core.Engine.pin`) until the engine admits the
+answer, so the blocks it was priced with are still there when it is admitted. The pin is
+released by the admission, or by the caller when the answer ends without one (cancelled,
+refused, failed). What is left unpinned is the moment between the look and the pin (an engine
+step storing a block then may evict one), and the candidates not chosen.
 
 An engine that cannot say (a remote server, a generator without a block cache) gives None:
 the planner then counts the scaffold alone, as before.
@@ -20,9 +22,9 @@ the planner then counts the scaffold alone, as before.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from generation.base import SupportsEngine, SupportsPrefillChunk, SupportsPrefixLookup
+from generation.base import SupportsEngine, SupportsPrefillChunk, SupportsPrefixLookup, SupportsPrefixPin
 
 if TYPE_CHECKING:
     from app.prompting.prompt import Prompt
@@ -43,3 +45,16 @@ def cached_per_k(generator: object, full: Prompt) -> tuple[int, ...] | None:
     k_max = len(full.chunk_token_counts)  # K: the candidate prompts are k = 0..K
     return tuple(int(engine.cached_tokens(full.ids_for(k), full.scaffold_len, chunk))
                  for k in range(k_max + 1))
+
+
+def pin_prompt(generator: object, prompt: Prompt) -> Any | None:
+    """Pin the cached chain of ``prompt`` (the one chosen) in ``generator``'s engine until the
+    answer that runs it is admitted (:meth:`generation.engine.core.Engine.pin`): a handle with
+    ``cached_tokens`` and an idempotent ``release()``, which the caller calls when the answer
+    ends (a no-op once its admission released it). None when the engine cannot pin."""
+    if not (isinstance(generator, SupportsEngine) and isinstance(generator, SupportsPrefillChunk)):
+        return None
+    engine, chunk = generator.engine, generator.prefill_chunk
+    if not isinstance(engine, SupportsPrefixPin) or not isinstance(chunk, int) or chunk < 1:
+        return None
+    return engine.pin(prompt.ids, prompt.scaffold_len, chunk)

@@ -83,6 +83,7 @@ from app.answering.bands import PlanBands
 from app.answering.finish import admission_of, failed, finish, last_event
 from app.answering.generate import flush, granted_t, read_tokens, start
 from app.answering.genqueue import Cancelled
+from app.answering.kv_lookup import pin_prompt
 from app.answering.receipt import AnswerReceipts
 from app.answering.state import AnswerEvent, AnswerRequest, AnswerSwitches, InFlight
 from app.answering.types import Answer
@@ -326,6 +327,7 @@ class AnswerPipeline(AdmitSteps):
         # the engine alone shows who waits: the next answer granted plans beside it).
         stream: TokenStream | None = None
         refused: Exception | None = None  # stream() refused it: raised where its tokens are read
+        pin: Any = None  # its planned cached chain, held until the engine admits it (kv_lookup)
         queued_t = time.perf_counter()
         try:
             state.queue_ms = slot.__enter__()  # type: ignore[union-attr]
@@ -339,6 +341,7 @@ class AnswerPipeline(AdmitSteps):
                     prepared = replace(prepared, granted_band=joined)
                     if reject:
                         self._check_reachable(prepared, prepared.plan.overhead_ms, 0.0, "granted")
+                    pin = pin_prompt(gen, prepared.prompt)
                     stream, refused = start(gen, prepared, params, cancel)
                     engine.arm_first_token(stream, prepared)  # a remote engine's deadline (app.fleet)
                     self.arrivals.left(arrival_key)  # now counted among the prefills granted
@@ -346,6 +349,8 @@ class AnswerPipeline(AdmitSteps):
                 receipt_id = self.receipts.open_journal(prepared, params, state)
                 state.granted_t = granted_t(stream)
             except BaseException:
+                if pin is not None:
+                    pin.release()
                 if stream is not None:
                     stream.close()
                 state.granted_t = None
@@ -406,6 +411,8 @@ class AnswerPipeline(AdmitSteps):
             failed(state, exc)
         finally:
             self.arrivals.left(arrival_key)
+            if pin is not None:
+                pin.release()  # a no-op once the engine admitted the answer
             if stream is not None:
                 stream.close()  # ends it where it is (a no-op once it ran out)
             if slot is not None:

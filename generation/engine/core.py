@@ -63,7 +63,7 @@ from collections.abc import Callable
 from typing import Any
 
 from foundation.compute import compute
-from generation.engine.kv_cache import BlockPrefixCache, KVCache
+from generation.engine.kv_cache import BlockPrefixCache, KVCache, Pin
 from generation.engine.messages import (
     Admitted,
     BatchSnapshot,
@@ -170,7 +170,10 @@ class Engine:
     def submit(self, seq: Request) -> None:
         """Queue ``seq``; it joins the running batch at the next step with room. Without an
         ``order`` it takes the next one now: its chunks go before those of every answer
-        submitted later."""
+        submitted later. A pin waiting for its prompt (:meth:`pin`) becomes its own, released
+        once its admission loaded the chain, or when it ends before that."""
+        if seq.pin is None:  # the chain its plan pinned (Engine.pin), released at admission
+            seq.pin = self.kv_cache.take_pin(seq.prompt, seq.prefix_len, seq.chunk)
         with self._state:
             if seq.order is None:
                 seq.order = next(self._orders)
@@ -220,8 +223,17 @@ class Engine:
         ``chunk``) that an answer admitted now would take from the prefix cache: the end of
         the longest cached chain of its blocks, 0 when none (a whole prompt only when the
         next-token logits after it are cached too). Nothing is pinned: an eviction before
-        the answer is admitted makes it compute more."""
+        the answer is admitted makes it compute more (:meth:`pin` holds them)."""
         return self.kv_cache.cached_tokens(prompt, prefix_len, chunk)
+
+    def pin(self, prompt: list[int], prefix_len: int, chunk: int) -> Pin | None:
+        """Pin the cached chain of ``prompt`` (as :meth:`cached_tokens`) until the answer that
+        runs it is admitted, for a planner that priced it: the answer submitted with this prompt
+        takes the pin (:meth:`submit`) and its admission releases it; ``Pin.release`` (idempotent)
+        frees it on every other path (the answer never reached the engine). The pin's
+        ``cached_tokens`` is what that admission will load at least (fewer than the cache holds
+        when pins would pass their share of the cache's budget). None without a block cache."""
+        return self.kv_cache.pin(prompt, prefix_len, chunk)
 
     def recent_steps(self) -> list[StepRecord]:
         """The last :data:`STEP_LOG` timed steps, oldest first: what the machine is doing now
@@ -233,6 +245,9 @@ class Engine:
         """Drive ``seq`` synchronously (caller holds the model lock) until its first token, plus
         ``decode_steps`` decode steps: the calibration timers and prefix warming use this."""
         self._admit(seq)
+        if seq.first_logits is not None:  # cached whole: its first token from the cache, no step
+            logits, seq.first_logits = seq.first_logits, None
+            self._choose(seq, logits)
         while not seq.done and (seq.in_prefill() or seq.next_tok is None):
             self.step([seq])
         for _ in range(decode_steps):
@@ -296,11 +311,17 @@ class Engine:
     def _finish(self, seq: Request, reason: EndReason, exc: BaseException | None = None) -> None:
         seq.done = True
         seq.kv = None
+        if seq.pin is not None:  # ended before its admission (cancelled, failed): no leak
+            seq.pin.release()
         seq.out.put(Finished(reason, exc))
 
     def _admit(self, seq: Request) -> None:
         admitted_t = time.perf_counter()
-        got = self.kv_cache.admit(seq.prompt, seq.prefix_len, seq.max_new, seq.chunk)
+        try:
+            got = self.kv_cache.admit(seq.prompt, seq.prefix_len, seq.max_new, seq.chunk)
+        finally:  # the chain is loaded (or the admission failed): the pin has done its work
+            if seq.pin is not None:
+                seq.pin.release()
         with self._state:  # batch_snapshot sees the answer before admission or after, never half-way
             seq.admitted_t, seq.kv = admitted_t, got.kv
             seq.pos, seq.cached_tokens = got.cached_tokens, got.cached_tokens

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from generation.engine.kv_cache import BlockPlan, SeqKV
+from generation.engine.kv_cache import BlockPlan, Pin, SeqKV
 from generation.engine.messages import EngineEvent
 from generation.engine.scheduler import next_chunk
 
@@ -51,6 +51,7 @@ class Request:
     order: int | None = None  # prefill order (taken at Engine.submit)
     blocks: BlockPlan | None = None  # its prefix-cache blocks (set at admission)
     cached_blocks: int = 0  # of which loaded from the cache
+    pin: Pin | None = None  # its planned chain, held until admission (taken at Engine.submit)
 
     @property
     def prompt_len(self) -> int:

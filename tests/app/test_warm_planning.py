@@ -8,6 +8,7 @@ is a stand-in for the local engine's block cache (:class:`FakeBlockCache`), so n
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,16 @@ DOCS = {f"station-{i}.txt": f"Station {i}: the circulation pump {i} is painted c
 QUESTION = "What colour is the circulation pump painted?"
 
 
+class FakePin:
+    """A pin handle: the prompt it holds, its cached tokens, how often it was released."""
+
+    def __init__(self, prompt: list[int], cached_tokens: int) -> None:
+        self.prompt, self.cached_tokens, self.releases = prompt, cached_tokens, 0
+
+    def release(self) -> None:
+        self.releases += 1
+
+
 class FakeBlockCache:
     """The local engine's :meth:`generation.engine.core.Engine.cached_tokens` over a set of warm
     prompts: the longest common prefix with one of them, cut to the chunk grid (the scaffold's
@@ -39,6 +50,12 @@ class FakeBlockCache:
 
     def __init__(self) -> None:
         self.warm: list[list[int]] = []
+        self.pins: list[FakePin] = []
+
+    def pin(self, prompt: list[int], prefix_len: int, chunk: int) -> FakePin:
+        """The local engine's :meth:`generation.engine.core.Engine.pin`: a handle on the prompt."""
+        self.pins.append(FakePin(list(prompt), self.cached_tokens(prompt, prefix_len, chunk)))
+        return self.pins[-1]
 
     def cached_tokens(self, prompt: list[int], prefix_len: int, chunk: int) -> int:
         best = 0
@@ -174,3 +191,20 @@ def test_a_receipt_records_the_layout_and_replay_rebuilds_its_tokens(world: Any,
     assert {c.slot: c.shown_as for c in answer.citations} == {n: i for i, n in enumerate(order, 1)}
     report = replay_receipt(pipe.services, answer.receipt_id)
     assert report.check("prompt").status == "ok", report.render()
+
+
+def test_the_chosen_prompt_is_pinned_when_it_gets_the_model_and_released_when_it_ends(world: Any) -> None:
+    pipe, gen = world
+    req = AnswerRequest(question=QUESTION, ttft_budget_ms=60_000)
+    full = pipe.prepare(req).full_prompt
+    gen.engine.warm.append(full.ids_for(2))
+    answer = pipe.answer(req)
+    assert answer.status == "ok"
+    (pin,) = gen.engine.pins  # one pin, on the prompt the answer ran
+    assert pin.prompt == full.ids_for(answer.chosen_k) and pin.cached_tokens > full.scaffold_len
+    assert pin.releases >= 1  # the engine here never admits it: the pipeline releases it
+    cancel = threading.Event()
+    cancel.set()
+    for _ in pipe.stream(req, cancel=cancel):  # a request that leaves: its pin goes too
+        pass
+    assert all(p.releases >= 1 for p in gen.engine.pins)
