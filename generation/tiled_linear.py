@@ -51,8 +51,8 @@ class TiledBF16Linear(torch.nn.Module):
         else:
             out = torch.cat([F.linear(xp[i:i + t], self.weight) for i in range(0, tiles * t, t)])
         y = out[:m].float()  # (M, N) fp32
-        if self.bias is not None:
-            y = y + self.bias
+        if isinstance(self.bias, torch.Tensor):
+            y = y + self.bias  # (N,) fp32
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
