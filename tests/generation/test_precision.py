@@ -4,8 +4,8 @@
 * The precision is named in the profile key, so fp32 and bf16 are calibrated apart.
 * The tiled bf16 linear gives every row the same bits whether it is computed alone or inside
   a larger batch, at any place, for ``M`` = 1..300, on each of SmolLM2-135M's linear shapes.
-* An answer's logits (prefill and decode) do not depend on the prefill chunk size, in both
-  precisions.
+* An answer's logits (prefill and decode) DO depend on the prefill chunk size, in both
+  precisions (the fp32 attention kernel; an expected failure, strict, so a change is seen).
 
 Tests that run bf16 kernels skip on a CPU without the flags (they would be refused).
 """
@@ -110,6 +110,12 @@ def _logits(gen: Any, ids: list[int], chunk: int, decode_steps: int = 3) -> list
     return seen
 
 
+@pytest.mark.xfail(strict=True, reason="attention is fp32 in both precisions and torch's CPU "
+                   "scaled_dot_product_attention blocks its work by the query length, so a chunk's "
+                   "rows get other bits at another chunk size (measured 2026-12-05: fp32 from chunk 64, "
+                   "bf16 from chunk 100, prompt of 300); the engine records prefill_chunk in every "
+                   "receipt and replay reuses it (docs/receipts.md). Strict: a pass means the docs "
+                   "must change.")
 def test_logits_do_not_depend_on_the_prefill_chunk_size(gen: Any) -> None:
     import torch
 
@@ -125,5 +131,5 @@ def test_logits_do_not_depend_on_the_prefill_chunk_size(gen: Any) -> None:
 def test_identity_names_the_precision_everywhere_it_is_keyed(gen: Any) -> None:
     assert gen.identity["precision"] == gen.precision == gen.identity["engine"]["precision"]
     assert gen.precision in ("fp32", "bf16-tile128")
-    assert (gen.precision in gen.prefix_cache.model_id) == (gen.precision != "fp32")
-    assert gen.prefix_cache.model_id.startswith(gen.model_id + "@" + gen.identity["weights_hash"])
+    root = gen.model_id + "@" + gen.identity["weights_hash"]
+    assert gen.prefix_cache.model_id == (root if gen.precision == "fp32" else f"{root}/{gen.precision}")
