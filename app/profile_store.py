@@ -28,7 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from app.models import LatencyProfileRow
 from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import InvalidInput, RagBudgetError, UnknownProfile
-from latency_model.profile import Profile
+from latency_model.profile import Profile, profile_dtype
 
 ProfileKey = tuple[str, str, str, str, int | None]
 
@@ -45,7 +45,7 @@ def profiles_dir(data_dir: Path) -> Path:
 def key_of(identity: dict[str, Any]) -> ProfileKey:
     """The profile key of a generator identity (threads only count on CPU)."""
     device = str(identity.get("device") or "")
-    dtype = str(identity.get("dtype") or "").replace("torch.", "")
+    dtype = profile_dtype(identity)  # qualified by the compute precision (bf16 tiles)
     threads = identity.get("threads") if device.startswith("cpu") else None
     return (str(identity.get("device_name") or device), str(identity.get("model_id") or "unknown"),
             str(identity.get("weights_hash") or ""), dtype, int(threads) if threads is not None else None)

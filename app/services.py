@@ -234,6 +234,8 @@ def build_generator(settings: Settings, services: Services, engine: EngineConfig
                              max_running=settings.generator_max_running,
                              step_token_budget=settings.generator_step_token_budget,
                              prefill_chunk=settings.generator_prefill_chunk,
-                             prefix_cache_mib=settings.generator_prefix_cache_mib)
+                             prefix_cache_mib=settings.generator_prefix_cache_mib,
+                             precision=settings.generator_precision,
+                             tile_rows=settings.generator_tile_rows)
     gen.identity["chat_template"] = builder.describe()
     return gen

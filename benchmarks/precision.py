@@ -20,6 +20,7 @@ checks the attention kernel (``F.scaled_dot_product_attention``, causal mask, 9 
 64 and 256 query rows over the same KV: the rows of each chunk against the one-shot rows.
 
     flock /tmp/ragbudget-cpu.lock .venv/bin/python -m benchmarks.precision --threads 2
+    flock /tmp/ragbudget-cpu.lock .venv/bin/python -m benchmarks.precision --engine --rounds 5
 """
 
 from __future__ import annotations
@@ -121,8 +122,48 @@ def attention_split(dtype: Any, n: int, chunks: list[int]) -> dict[int, bool]:
     return same
 
 
+def engine_timing(threads: int, rounds: int, prompts: list[int], contexts: list[int]) -> dict[str, Any]:
+    """The local engine in fp32 and bf16, same process, interleaved round by round.
+
+    Per precision: prefill of one answer alone, cold (``prefill_ms(n, 0)``, ms) for each
+    ``n`` in ``prompts``, and one decode step (TPOT, ms) of 1 and 4 answers at each context
+    in ``contexts`` (``step_ms(0, 0, [c] * answers)``). Medians over ``rounds``; each round
+    times every cell once, the precisions alternating, so both see the same machine.
+    """
+    from benchmarks.common import REPO
+    from generation.assets import ensure_packaged_generator
+    from generation.local import LocalGenerator
+
+    model_dir = ensure_packaged_generator(REPO / "ragbudget-data")
+    gens = {p: LocalGenerator(model_dir, device="cpu", threads=threads, precision=p, prefix_cache_mib=0)
+            for p in ("fp32", "bf16")}
+    cells = [("prefill", n, 1) for n in prompts] + [("tpot", c, k) for c in contexts for k in (1, 4)]
+    got: dict[tuple[str, str, int, int], list[float]] = {}
+    for g in gens.values():  # warm every shape once, untimed
+        g.prefill_ms(prompts[0], 0)
+        g.step_ms(0, 0, [contexts[0]] * 4)
+    for r in range(rounds):
+        for kind, n, k in cells:
+            for p in (("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32")):
+                g = gens[p]
+                ms = g.prefill_ms(n, 0) if kind == "prefill" else g.step_ms(0, 0, [n] * k)
+                got.setdefault((p, kind, n, k), []).append(ms)
+    out: dict[str, Any] = {"machine": machine_line(), "rounds": rounds,
+                           "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cells": []}
+    for kind, n, k in cells:
+        f32, b16 = (statistics.median(got[(p, kind, n, k)]) for p in ("fp32", "bf16"))
+        row = {"kind": kind, "tokens" if kind == "prefill" else "context": n, "answers": k,
+               "fp32_ms": round(f32, 1), "bf16_ms": round(b16, 1), "fp32_over_bf16": round(f32 / b16, 2)}
+        if kind == "prefill":
+            row.update(fp32_tok_s=round(n / f32 * 1000), bf16_tok_s=round(n / b16 * 1000))
+        out["cells"].append(row)
+        print(row, flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Print GEMM timings and invariance findings per shape and precision."""
+    """Print GEMM timings and invariance findings per shape and precision (``--engine``: the
+    local engine's prefill and TPOT in fp32 against bf16, :func:`engine_timing`)."""
     import torch
 
     ap = argparse.ArgumentParser(description=__doc__)
@@ -136,7 +177,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-invariance", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--shapes", default="", help="comma list of shape names (default: all)")
+    ap.add_argument("--engine", action="store_true", help="time the local engine in fp32 and bf16 "
+                    "(prefill of --prompts tokens, TPOT at 1 and 4 answers at --contexts) instead")
+    ap.add_argument("--prompts", default="600,1500")
+    ap.add_argument("--contexts", default="600")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", default="", help="--engine: also write the figures here")
     a = ap.parse_args(argv)
+    if a.engine:
+        print(f"machine: {machine_line()}; torch {torch.__version__}, threads {a.threads}", flush=True)
+        res = engine_timing(a.threads, a.rounds, [int(x) for x in a.prompts.split(",")],
+                            [int(x) for x in a.contexts.split(",")])
+        if a.json:
+            import json
+
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return
     torch.set_num_threads(a.threads)
     rows = [int(x) for x in a.rows.split(",")]
     precisions = a.precisions.split(",")

@@ -40,6 +40,7 @@ from generation.engine.messages import Admitted, Finished, StepRecord
 from generation.engine.request import Request
 from generation.engine.scheduler import MIN_ROWS, ROW_MULTIPLE, schedule
 from generation.packed_attention import ATTN_NAME, register_packed_attention
+from generation.precision import DEFAULT_TILE_ROWS, apply_precision, check_precision, precision_label
 from generation.sampling import select_token
 from retrieval.tokens import HFTextTokenizer, TextTokenizer
 
@@ -101,9 +102,14 @@ class LocalGenerator:
         prefill_chunk: prefill chunk size in tokens; chunk boundaries are a pure function of
             the prompt and this number, recorded in ``identity["engine"]`` (receipts), and a
             replay passes the recorded value back (``stream(prefill_chunk=...)``).
+        precision: compute precision of the linear layers, ``fp32`` or ``bf16`` (fixed-tile
+            bf16 GEMMs, :mod:`generation.precision`), recorded in ``identity["precision"]``
+            and ``identity["engine"]["precision"]`` as ``fp32`` or ``bf16-tile<T>``.
+        tile_rows: rows per bf16 GEMM tile (``T``; ignored in fp32).
 
     Raises:
-        InvalidConfig: bad device/dtype, engine settings below 1, or a directory transformers
+        InvalidConfig: bad device/dtype, engine settings below 1, a precision this CPU cannot
+            run (:func:`generation.precision.check_precision`), or a directory transformers
             cannot load.
     """
 
@@ -111,7 +117,8 @@ class LocalGenerator:
                  model_id: str | None = None, device: str = "auto", dtype: str = "auto",
                  threads: int = 2, prefix_cache_mib: float = DEFAULT_PREFIX_CACHE_MIB,
                  stop_token_ids: list[int] | None = None, max_running: int = 8,
-                 step_token_budget: int = 256, prefill_chunk: int = 256) -> None:
+                 step_token_budget: int = 256, prefill_chunk: int = 256,
+                 precision: str = "fp32", tile_rows: int = DEFAULT_TILE_ROWS) -> None:
         import torch
         import transformers
         from transformers import AutoModelForCausalLM
@@ -123,6 +130,8 @@ class LocalGenerator:
             raise InvalidConfig("max_running, step_token_budget and prefill_chunk must be >= 1")
         model_dir = Path(model_dir)
         self.device, self.dtype = resolve_device_dtype(device, dtype)
+        check_precision(precision, self.device, self.dtype, tile_rows)
+        self.precision = precision_label(precision, tile_rows)
         self.threads = threads
         register_packed_attention()
 
@@ -131,7 +140,11 @@ class LocalGenerator:
                 model = AutoModelForCausalLM.from_pretrained(
                     str(model_dir), dtype=getattr(torch, self.dtype), local_files_only=True,
                     attn_implementation=ATTN_NAME)
-            return model.to(self.device).eval()  # type: ignore[arg-type]
+                model = model.to(self.device).eval()  # type: ignore[arg-type]
+                # counted before a tied LM head gets its own bf16 copy (roofline prior)
+                self._num_parameters = int(model.num_parameters())
+                apply_precision(model, precision, tile_rows)  # weights to bf16 once, here
+            return model
 
         try:
             self.model = compute_call(load)
@@ -154,18 +167,23 @@ class LocalGenerator:
             "model_dir": str(model_dir.resolve()),
             "weights_hash": weights_hash(model_dir),
             "dtype": self.dtype,
+            "precision": self.precision,
             "device": self.device,
             "device_name": _device_name(self.device),
             "threads": threads,
             "context_window": self.context_window,
             "tokenizer_id": self.tokenizer.tokenizer_id,
             "engine": {"kind": "continuous-batching", "prefill_chunk": prefill_chunk,
+                       "precision": self.precision,
                        "row_padding": (f"fixed:{fixed_rows}" if fixed_rows
                                        else f"min{MIN_ROWS}x{ROW_MULTIPLE}")},
             "software": {"python": platform.python_version(), "torch": torch.__version__,
                          "transformers": transformers.__version__},
         }
-        self.prefix_cache = BlockPrefixCache(self.model_id + "@" + self.identity["weights_hash"],
+        # The cache's root names the precision (fp32 keeps the root it always had): K/V computed
+        # in one precision are never served to another.
+        root = self.model_id + "@" + self.identity["weights_hash"]
+        self.prefix_cache = BlockPrefixCache(root if self.precision == "fp32" else f"{root}/{self.precision}",
                                              self.device, self.dtype, chunk=prefill_chunk,
                                              budget_mib=prefix_cache_mib)
         self._lock = threading.Lock()
@@ -318,7 +336,9 @@ class LocalGenerator:
         heads = int(c.num_attention_heads)
         kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
-        dtype = next(self.model.parameters()).dtype
+        import torch
+
+        dtype = getattr(torch, self.dtype)  # the K/V dtype (bf16 linears still emit fp32)
         tok = self._synthetic_ids(1)[0]
         seqs: list[Request] = []
 
@@ -350,7 +370,7 @@ class LocalGenerator:
         heads = int(c.num_attention_heads)
         return {
             "model_type": getattr(c, "model_type", None),
-            "num_parameters": int(self.model.num_parameters()),
+            "num_parameters": self._num_parameters,
             "num_hidden_layers": int(c.num_hidden_layers),
             "hidden_size": int(c.hidden_size),
             "num_attention_heads": heads,
@@ -360,7 +380,9 @@ class LocalGenerator:
             "intermediate_size": int(getattr(c, "intermediate_size", 4 * c.hidden_size)),
             "max_position_embeddings": self.context_window,
             "dtype": self.dtype,
-            "bytes_per_param": {"float32": 4, "bfloat16": 2, "float16": 2}[self.dtype],
+            # weights read per step: the bf16 precision keeps its linear layers in 2 bytes
+            "bytes_per_param": (2 if self.precision != "fp32"
+                                else {"float32": 4, "bfloat16": 2, "float16": 2}[self.dtype]),
         }
 
     # --- one answer through the engine ----------------------------------------------

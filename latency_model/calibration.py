@@ -23,7 +23,7 @@ from foundation.errors import BackendError
 from foundation.provenance import software_versions, utc_now_iso
 from latency_model.fitting import coverage, finite_or_none, fit_decode, fit_prefill, mape, select_prefill
 from latency_model.grid import CalibrationGrid, StepPoint, engine_chunk_tokens, schedule, step_design
-from latency_model.profile import Profile
+from latency_model.profile import Profile, profile_dtype
 from latency_model.roofline import build_prior, datasheet_peaks
 
 CONTENDED_SLACK_S = 0.05  # CPU-seconds of other processes tolerated during one timed call
@@ -230,7 +230,7 @@ def fit_profile(identity: dict[str, Any], prefill_rows: list[list[Any]], decode_
         model_id=str(identity.get("model_id", "unknown")),
         # a remote engine reports no weights hash or dtype (None): "" as the profile key has it
         weights_hash=str(identity.get("weights_hash") or ""),
-        dtype=str(identity.get("dtype") or "").replace("torch.", ""),
+        dtype=profile_dtype(identity),
         threads=identity.get("threads") if device.startswith("cpu") else None,
         backend=str(identity.get("backend", "local")),
         context_window=identity.get("context_window"),

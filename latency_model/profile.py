@@ -1,7 +1,8 @@
 """A latency profile: fitted (or prior) prefill and decode models for one device and model.
 
 A profile is keyed by ``(device_name, model_id, weights_hash, dtype, threads)``
-(threads only on CPU) and carries everything needed to trust or audit it:
+(threads only on CPU; ``dtype`` names the compute precision too, :func:`profile_dtype`)
+and carries everything needed to trust or audit it:
 coefficients, relative residual quantiles, held-out error, the raw samples and
 their hash, creation time and software versions. Its ``id`` is
 ``sha256:`` over its own canonical JSON with ``id`` left out, so a profile
@@ -28,6 +29,16 @@ SOURCES = ("fitted", "prior")
 # Fields added after the first stored profiles: left out of the JSON (and so of the id) while
 # empty, so profiles written before them keep their ids and bytes.
 LATE_FIELDS = ("prefill_abs_quantiles_ms", "prefill_chunk_tokens", "step_model")
+
+
+def profile_dtype(identity: dict[str, Any]) -> str:
+    """The ``dtype`` part of a generator identity's profile key: its dtype, qualified by its
+    compute precision when that is not plain (``float32`` for fp32, ``float32/bf16-tile128``
+    for the local engine's tiled bf16, :mod:`generation.precision`), so prefill and decode
+    are fitted per precision while fp32 profiles keep the key they always had."""
+    dtype = str(identity.get("dtype") or "").replace("torch.", "")
+    precision = identity.get("precision")
+    return dtype if precision in (None, "", "fp32") else f"{dtype}/{precision}"
 
 
 @dataclass(frozen=True)

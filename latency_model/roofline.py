@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from foundation.errors import InvalidConfig
-from latency_model.profile import Profile
+from latency_model.profile import Profile, profile_dtype
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,8 @@ def build_prior(identity: dict[str, Any], config: dict[str, Any], *, peak_flops:
     device = str(identity.get("device", "cpu"))
     kind = "cuda" if device.startswith("cuda") else "cpu"
     dtype = str(identity.get("dtype", "float32")).replace("torch.", "")
-    dtype_bytes = DTYPE_BYTES.get(dtype, 4)
+    # the local engine's bf16 precision reads its linear weights in 2 bytes (generation.precision)
+    dtype_bytes = 2 if str(identity.get("precision") or "").startswith("bf16") else DTYPE_BYTES.get(dtype, 4)
     prefill, decode = roofline_coefficients(shape, peak_flops=peak_flops,
                                             bandwidth_bytes_s=bandwidth_bytes_s,
                                             dtype_bytes=dtype_bytes, kind=kind)
@@ -211,7 +212,7 @@ def build_prior(identity: dict[str, Any], config: dict[str, Any], *, peak_flops:
         source="prior", created_at=created_at, device=device,
         device_name=str(identity.get("device_name", device)),
         model_id=str(identity.get("model_id", "unknown")),
-        weights_hash=str(identity.get("weights_hash", "")), dtype=dtype,
+        weights_hash=str(identity.get("weights_hash", "")), dtype=profile_dtype(identity),
         threads=identity.get("threads") if kind == "cpu" else None,
         backend=str(identity.get("backend", "local")),
         context_window=int(context_window) if context_window else None,

@@ -249,6 +249,8 @@ def recorded_environment(body: dict[str, Any]) -> dict[str, Any]:
     """The environment fields a regeneration depends on, as recorded."""
     gen = body.get("generator") or {}
     env = {f"generator.{k}": gen.get(k) for k in ("backend", "model_id", "weights_hash", "dtype", "device")}
+    if (gen.get("engine") or {}).get("precision"):  # the local engine's compute precision, when recorded
+        env["generator.precision"] = gen["engine"]["precision"]
     env.update({f"software.{k}": v for k, v in (body.get("software") or {}).items()})
     return env
 

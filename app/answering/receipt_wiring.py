@@ -223,7 +223,7 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
         text = stopper.released
         ident = gen.identity
         env = {f"generator.{k}": ident.get(k) for k in ("backend", "model_id", "weights_hash", "dtype",
-                                                         "device")}
+                                                         "device", "precision")}
         env.update({f"software.{k}": v for k, v in software_versions().items()})
         return {"token_ids": ids, "token_ids_hash": sha256_ints(ids), "text": text, "environment": env}
 

@@ -29,7 +29,7 @@ router = APIRouter(tags=["openai"], dependencies=[Depends(require_role("copilot"
 ALIAS = "ragbudget"
 #: ``created`` of every model entry: when this server process started (unix seconds).
 STARTED = int(time.time())
-GENERATOR_FIELDS = ("backend", "model_id", "weights_hash", "dtype", "device", "device_name",
+GENERATOR_FIELDS = ("backend", "model_id", "weights_hash", "dtype", "precision", "device", "device_name",
                     "context_window", "tokenizer_id")
 
 
@@ -40,6 +40,8 @@ class GeneratorInfo(BaseModel):
     model_id: str
     weights_hash: str | None = None
     dtype: str | None = None
+    precision: str | None = Field(None, description="local engine: compute precision of the linear "
+                                  "layers, fp32 or bf16-tile<T> (docs/precision.md)")
     device: str | None = None
     device_name: str | None = None
     context_window: int | None = Field(None, description="maximum prompt + output tokens")

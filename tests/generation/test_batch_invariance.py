@@ -2,7 +2,8 @@
 
 Twenty questions about real PostgreSQL 15 documentation pages are answered alone,
 then again in mixes of 2 to 8 concurrent arrivals at random (seeded) offsets: every
-question's output token ids are identical. Answering alone with the receipt's
+question's output token ids are identical, in each compute precision (fp32, and the
+tiled bf16 of generation.precision where the CPU has bf16 instructions). Answering alone with the receipt's
 recorded prefill chunk is what ``replay --regenerate`` does, so identical ids here
 are what makes a batched answer's receipt replay.
 
@@ -28,6 +29,7 @@ import pytest
 
 from app.prompting.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
 from generation.base import GenParams
+from generation.precision import bf16_supported
 from tests.conftest import CORPORA
 
 pytestmark = pytest.mark.slow
@@ -71,8 +73,10 @@ def _paragraphs(deb: Path, tmp: Path) -> list[str]:
     return out
 
 
-@pytest.fixture(scope="module")
-def gen(smollm_dir: Path, smollm_tokenizer: Any) -> Iterator[Any]:
+@pytest.fixture(scope="module", params=["fp32", pytest.param("bf16", marks=pytest.mark.skipif(
+    not bf16_supported() or os.environ.get("RAGBUDGET_INVARIANCE_DEVICE", "cpu") != "cpu",
+    reason="bf16 precision needs the CPU device and avx512_bf16 or amx_bf16 (/proc/cpuinfo flags)"))])
+def gen(request: pytest.FixtureRequest, smollm_dir: Path, smollm_tokenizer: Any) -> Iterator[Any]:
     import torch
 
     from generation.local import LocalGenerator
@@ -80,7 +84,8 @@ def gen(smollm_dir: Path, smollm_tokenizer: Any) -> Iterator[Any]:
     before = torch.get_num_threads()
     g = LocalGenerator(smollm_dir, tokenizer=smollm_tokenizer,
                        device=os.environ.get("RAGBUDGET_INVARIANCE_DEVICE", "cpu"),
-                       threads=int(os.environ.get("RAGBUDGET_INVARIANCE_THREADS", "2")))
+                       threads=int(os.environ.get("RAGBUDGET_INVARIANCE_THREADS", "2")),
+                       precision=request.param)
     yield g
     torch.set_num_threads(before)
 

@@ -1,0 +1,123 @@
+"""Compute precision of the local engine's linear layers: fp32, or bf16 in fixed row tiles.
+
+``fp32`` (the default) leaves the model as transformers loads it: every ``nn.Linear`` is an
+fp32 GEMM (MKL sgemm on CPU).
+
+``bf16`` replaces every ``nn.Linear`` of the model (q/k/v/o, gate/up/down, the LM head) by a
+:class:`generation.tiled_linear.TiledBF16Linear`: its weight converted to bf16 once, at
+load; each call casts the input rows to bf16 and computes them in GEMMs of exactly
+``tile_rows`` rows (the last tile zero-padded), oneDNN's bf16 kernel (AVX512-BF16 / AMX)
+accumulating in fp32 inside the kernel; the bf16 output is widened back to fp32 (torch has no
+fp32-output bf16 GEMM on CPU). Everything else (embeddings, norms, rotary
+embeddings, attention, softmax, the residual stream, sampling) stays fp32.
+
+Why fixed tiles: oneDNN chooses its bf16 kernel (and K blocking) by the row count ``M``, so a
+plain bf16 GEMM gives a row different bits at ``M`` = 16-32 than at 40+ (docs/precision.md,
+measured with ``benchmarks/precision.py``): an answer's bits would depend on its batch mates.
+With one GEMM shape ``(T, K) x (K, N)`` per layer a row's bits depend only on its own input:
+measured bit-identical for every ``M`` in 1..264 at ``T`` = 128 and 256 on all SmolLM2-135M
+shapes, and pinned by ``tests/generation/test_precision.py`` for ``M`` = 1..300.
+
+bf16 needs the CPU's bf16 instructions (``avx512_bf16`` or ``amx_bf16`` in
+``/proc/cpuinfo``); without them oneDNN would emulate bf16 slower than fp32, so it is refused
+at start (:func:`check_precision`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from foundation.errors import InvalidConfig
+
+#: The precisions the local engine offers (``RAGBUDGET_GENERATOR_PRECISION``).
+PRECISIONS = ("fp32", "bf16")
+#: Rows per bf16 GEMM tile: 128 measured invariant for M = 1..264 and 2.0-2.8x fp32 per GEMM at
+#: 256 rows on the 2-core Xeon of docs/precision.md (``T`` = 256 is faster still at 256+ rows
+#: but costs twice the work of a 1-answer decode step).
+DEFAULT_TILE_ROWS = 128
+#: ``/proc/cpuinfo`` flags that give native bf16 dot products (either suffices for oneDNN).
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The CPU feature flags of the first ``flags`` line of ``cpuinfo`` (empty when unreadable)."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def bf16_supported(flags: set[str] | None = None) -> bool:
+    """True when the CPU has native bf16 (``avx512_bf16`` or ``amx_bf16``)."""
+    return bool(set(BF16_FLAGS) & (cpu_flags() if flags is None else flags))
+
+
+def precision_label(precision: str, tile_rows: int = DEFAULT_TILE_ROWS) -> str:
+    """The name a precision goes by in the generator identity: ``fp32`` or ``bf16-tile<T>``."""
+    return "fp32" if precision == "fp32" else f"{precision}-tile{tile_rows}"
+
+
+def check_precision(precision: str, device: str, dtype: str, tile_rows: int = DEFAULT_TILE_ROWS,
+                    flags: set[str] | None = None) -> None:
+    """Refuse a precision this process cannot run.
+
+    Args:
+        precision: ``fp32`` or ``bf16``.
+        device, dtype: as resolved by :func:`generation.local.resolve_device_dtype`.
+        tile_rows: rows per bf16 GEMM tile (>= 1).
+        flags: CPU flags (default: read from ``/proc/cpuinfo``).
+
+    Raises:
+        InvalidConfig: an unknown precision; ``bf16`` on a device other than the CPU (a GPU
+            runs bf16 through ``generator_dtype=bfloat16``), with a model dtype other than
+            float32, with ``tile_rows < 1``, or on a CPU without ``avx512_bf16``/``amx_bf16``.
+    """
+    if precision not in PRECISIONS:
+        raise InvalidConfig(f"unknown generator precision {precision!r}; one of {', '.join(PRECISIONS)}",
+                            field="generator_precision")
+    if precision == "fp32":
+        return
+    if device != "cpu":
+        raise InvalidConfig(f"generator_precision={precision} is for the CPU; on {device} set "
+                            "generator_dtype=bfloat16 instead", field="generator_precision")
+    if dtype != "float32":
+        raise InvalidConfig(f"generator_precision={precision} converts an fp32 model's linear layers; "
+                            f"generator_dtype={dtype} must be float32 (or auto)", field="generator_precision")
+    if tile_rows < 1:
+        raise InvalidConfig("generator_tile_rows must be >= 1", field="generator_tile_rows")
+    if not bf16_supported(flags):
+        raise InvalidConfig(f"generator_precision={precision} needs a CPU with {' or '.join(BF16_FLAGS)} "
+                            "(not in /proc/cpuinfo flags); use generator_precision=fp32",
+                            field="generator_precision")
+
+
+def apply_precision(model: Any, precision: str, tile_rows: int = DEFAULT_TILE_ROWS) -> int:
+    """Switch ``model``'s linear layers to ``precision`` in place; how many were replaced.
+
+    ``fp32`` changes nothing (0). ``bf16`` replaces every ``torch.nn.Linear`` submodule
+    (the LM head included; a head tied to the input embedding gets its own bf16 copy, the
+    embedding stays fp32) by a :class:`generation.tiled_linear.TiledBF16Linear`; the fp32
+    weights of untied layers are released with the modules. Call once, right after loading,
+    before any forward.
+
+    Raises:
+        InvalidConfig: an unknown precision.
+    """
+    import torch
+
+    from generation.tiled_linear import TiledBF16Linear
+
+    if precision not in PRECISIONS:
+        raise InvalidConfig(f"unknown generator precision {precision!r}", field="generator_precision")
+    if precision == "fp32":
+        return 0
+    targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)]
+    for name, mod in targets:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, TiledBF16Linear(mod, tile_rows))
+    return len(targets)
