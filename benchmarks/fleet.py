@@ -374,10 +374,10 @@ def main(argv: list[str] | None = None) -> int:
                   "baseline_k": {arm: {str(b): v for b, v in per.items()} for arm, per in ks.items()},
                   "flood": args.flood, "flood_phase": args.flood_phase, "summary": summarise(rows),
                   "compare": comparisons, "kill": kill, "rows": rows}
-        print_report(result, args.kill)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(result, indent=1))
+        print_report(result, args.kill)
         pipe.close()
         services.close()
     finally:
