@@ -103,9 +103,12 @@ def answer_row(a: Any) -> dict[str, Any]:
 
 
 def run_arm(pipe: Any, arm: str, fixed_k: int | None, questions: list[str], budget: float,
-            clients: int, rounds: int, max_new_tokens: int, phase: str = "arms") -> list[dict[str, Any]]:
+            clients: int, rounds: int, max_new_tokens: int, phase: str = "arms",
+            offset: int = 0) -> list[dict[str, Any]]:
     """``clients`` closed-loop clients each ask ``rounds`` questions at ``budget`` in ``arm``
-    (``fixed_k`` for a baseline, None for the joint choice); one row per request, each with the
+    (``fixed_k`` for a baseline, None for the joint choice), the cell's ``clients * rounds``
+    questions taken from ``questions`` from ``offset`` on (so cells do not repeat each other's
+    prompts, which an engine's prompt cache would serve); one row per request, each with the
     cell's wall time in minutes (``run_minutes``)."""
     from app.answer_state import AnswerRequest
     from foundation.errors import RagBudgetError
@@ -118,7 +121,7 @@ def run_arm(pipe: Any, arm: str, fixed_k: int | None, questions: list[str], budg
 
     def client(c: int) -> None:
         for r in range(rounds):
-            q = questions[(c * rounds + r) % len(questions)]
+            q = questions[(offset + c * rounds + r) % len(questions)]
             t0 = time.perf_counter()
             try:
                 a = pipe.answer(AnswerRequest(q, ttft_budget_ms=budget, max_new_tokens=max_new_tokens,
@@ -231,11 +234,13 @@ def run_phase(pipe: Any, phase: str, ks: dict[str, dict[float, list[int]]], arms
     """Every arm of ``arms`` at every budget of ``args.budgets``, budget by budget; each baseline
     once per fixed k of ``ks[arm][budget]``. One row per request (:func:`run_arm`)."""
     rows: list[dict[str, Any]] = []
+    offset = 0
     for budget in args.budgets:
         for arm in arms:
             for k in ([None] if arm == "joint" else ks[arm][budget]):
                 rows += run_arm(pipe, arm, k, questions, budget, args.clients, args.rounds,
-                                args.max_new_tokens, phase)
+                                args.max_new_tokens, phase, offset)
+                offset += args.clients * args.rounds
                 print(f"  {cell_name(phase, arm, k, budget)} done", flush=True)
     return rows
 
@@ -276,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-k", type=parse_ks, default=None,
                     help="the fixed k the baselines sweep, e.g. 0,1,2,3 (default: the planner's k "
                          "for the first question on an idle engine, at least 1)")
+    ap.add_argument("--questions", type=int, default=300,
+                    help="questions drawn from the book index besides the operational ones")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--flood", default=None, help="engine id another client floods during every arm")
@@ -326,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             profiles[eid] = prof.id
         pipe = AnswerPipeline(services)
         pipe.warm()
-        questions = [q["question"] for q in default_questions(services.data_dir, 10, 0)]
+        questions = [q["question"] for q in default_questions(services.data_dir, args.questions, 0)]
         planned = {b: max(int(pipe.prepare(AnswerRequest(questions[0], ttft_budget_ms=b)).plan.chosen_k
                                   or 0), 1) for b in args.budgets}
         ks = {arm: {b: args.baseline_k or [planned[b]] for b in args.budgets} for arm in BASELINES}
