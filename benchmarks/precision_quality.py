@@ -6,7 +6,7 @@ Two measures, same model (the packaged SmolLM2-135M-Instruct), same machine, one
   back-of-book index (``bookindex.html``, :func:`retrieval.bookindex.parse_bookindex`, the
   retrieval-quality set) asked as "What is <term> in PostgreSQL?" with the real prompt (the
   default scaffold, then the start of the term's first indexed page as one chunk, then the
-  question; :class:`app.prompt.PromptBuilder`), answered greedily to ``--max-new`` tokens by
+  question; :class:`app.prompting.prompt.PromptBuilder`), answered greedily to ``--max-new`` tokens by
   the engine in fp32 and in bf16. Reported: answers identical token for token, and the mean
   share of the answer before the first differing token.
 * **Log-likelihood**: mean per-token negative log-likelihood (nats) of held-out corpus text
@@ -46,7 +46,7 @@ def _agreement(a: list[int], b: list[int]) -> float:
 
 def greedy(gens: dict[str, Any], corpus: Path, n: int, max_new: int) -> dict[str, Any]:
     """Greedy answers of each generator to the first ``n`` book-index questions."""
-    from app.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
+    from app.prompting.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
     from generation.base import GenParams
     from retrieval.bookindex import parse_bookindex
     from retrieval.extract import html_to_text

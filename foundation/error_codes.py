@@ -216,7 +216,8 @@ class ErrorCode(StrEnum):
                            "with this code and its receipt")
     ENGINE_UNAVAILABLE = ("engine_unavailable", Unavailable, 503, True,
                           "every configured engine is out of rotation (refusing connections); "
-                          "each is probed and rejoins when it answers again")
+                          "each is probed and rejoins when it answers again; Retry-After is the "
+                          "next probe (`details.retry_after_s`)")
     UNKNOWN_SCAFFOLD = ("unknown_scaffold", NotFound, 404, False,
                         "a receipt's scaffold is not stored, so its prompt cannot be rebuilt")
     CORPUS_UNAVAILABLE = ("corpus_unavailable", NotFound, 404, True,

@@ -224,7 +224,8 @@ class AnswerPipeline(AdmitSteps):
 
         Raises:
             Unavailable: ``engine_unavailable``, every engine is out of rotation (each is probed
-                and rejoins when it answers: :class:`app.fleet.EngineHealth`).
+                and rejoins when it answers: :class:`app.fleet.EngineHealth`); ``details.retry_after_s``
+                is the shortest probe interval (s), sent as ``Retry-After``.
         """
         up = [e for e in self.engines.values() if e.healthy]
         for e in self.engines.values():
@@ -232,8 +233,11 @@ class AnswerPipeline(AdmitSteps):
                 self.metrics.engine_state(e.id, False, None)
         if not up:
             down = {e.id: e.health.reason for e in self.engines.values()}
+            # The soonest any of them can rejoin is its next probe: the client is told to come back
+            # then (HTTP ``Retry-After``), not to ask again at once.
+            retry_s = min(e.health.interval_s for e in self.engines.values())
             raise Unavailable(f"no engine is in rotation ({'; '.join(f'{k}: {v}' for k, v in down.items())})",
-                              code="engine_unavailable", engines=down)
+                              code="engine_unavailable", engines=down, retry_after_s=retry_s)
         return up
 
     def close(self) -> None:

@@ -187,6 +187,10 @@ def install_error_handlers(app: FastAPI) -> None:
         elif isinstance(exc, Busy | BudgetUnreachable):
             headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
             headers["x-should-retry"] = "true"
+        elif exc.code == "engine_unavailable" and isinstance(exc.details.get("retry_after_s"), int | float):
+            # every engine out of rotation: come back at the next probe, not at once
+            headers["Retry-After"] = str(max(1, math.ceil(exc.details["retry_after_s"])))
+            headers["x-should-retry"] = "true"
         if isinstance(exc, Unauthenticated):
             headers["WWW-Authenticate"] = "Bearer"
         return respond(req, status_for(exc), exc.code, exc.message, exc.details, headers)

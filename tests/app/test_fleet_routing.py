@@ -347,6 +347,9 @@ def test_engines_out_of_rotation_get_nothing_and_none_left_is_engine_unavailable
     with pytest.raises(Unavailable) as err:
         pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=60_000.0))
     assert err.value.code == "engine_unavailable"
+    # told when to come back (the next probe), so a client does not ask again at once
+    assert err.value.details["retry_after_s"] == pytest.approx(
+        min(e.health.interval_s for e in pipe.engines.values()))
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -545,3 +548,24 @@ def test_engines_route_lists_every_engine_with_its_health_queue_and_other_client
         assert body["fast"]["profile_id"] == fast.profile().id
         assert (body["slow"]["healthy"], body["slow"]["down_reason"]) == (False, "refused")
         fast.load._reading = None
+
+
+def test_engine_unavailable_over_http_says_when_to_come_back() -> None:
+    """Every engine out of rotation: 503 ``engine_unavailable`` with ``Retry-After`` (the next
+    probe, whole seconds, at least 1), so clients that honour it do not ask again at once."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from app.api.errors import install_error_handlers
+
+    api = FastAPI()
+    install_error_handlers(api)
+
+    @api.get("/v1/answer-stub")
+    def _down() -> None:
+        raise Unavailable("no engine is in rotation", code="engine_unavailable",
+                          engines={"a": "refused"}, retry_after_s=1.5)
+
+    r = TestClient(api).get("/v1/answer-stub")
+    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unavailable"
+    assert r.headers["Retry-After"] == "2" and r.headers["x-should-retry"] == "true"
