@@ -297,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    from app.answering.state import AnswerRequest
     from app.answering.pipeline import AnswerPipeline
+    from app.answering.state import AnswerRequest
     from app.profile_store import save_profile
     from app.services import Services
     from app.settings import get_settings
