@@ -11,8 +11,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from generation.precision import DEFAULT_TILE_ROWS
-
 
 class TiledBF16Linear(torch.nn.Module):
     """``y = x @ W.T + b`` as bf16 GEMMs of exactly ``tile_rows`` rows, fp32 in and out.
@@ -20,14 +18,15 @@ class TiledBF16Linear(torch.nn.Module):
     Args:
         linear: the ``nn.Linear`` (weight ``(N, K)``) it replaces; its weight is copied to bf16
             here, once; the bias (if any) is kept in fp32 and added after the GEMM.
-        tile_rows: rows per GEMM (``T``); the last tile of a call is zero-padded to ``T``.
+        tile_rows: rows per GEMM (``T``; :data:`generation.precision.DEFAULT_TILE_ROWS` is the
+            measured default); the last tile of a call is zero-padded to ``T``.
 
     ``forward(x)``: ``x (..., K)`` float32 -> ``(..., N)`` float32. Row ``i`` of the result
     depends only on row ``i`` of ``x`` (never on how many rows came with it nor on its place in
     a tile): every GEMM has the one shape ``(T, K) x (K, N)`` (module docstring).
     """
 
-    def __init__(self, linear: Any, tile_rows: int = DEFAULT_TILE_ROWS) -> None:
+    def __init__(self, linear: Any, tile_rows: int) -> None:
         super().__init__()
         self.in_features, self.out_features = int(linear.in_features), int(linear.out_features)
         self.tile_rows = int(tile_rows)

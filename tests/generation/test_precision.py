@@ -5,7 +5,8 @@
 * The tiled bf16 linear gives every row the same bits whether it is computed alone or inside
   a larger batch, at any place, for ``M`` = 1..300, on each of SmolLM2-135M's linear shapes.
 * An answer's logits (prefill and decode) DO depend on the prefill chunk size, in both
-  precisions (the fp32 attention kernel; an expected failure, strict, so a change is seen).
+  precisions (the fp32 attention kernel; an expected failure, not strict: the kernel's split is
+  the CPU's).
 
 Tests that run bf16 kernels skip on a CPU without the flags (they would be refused).
 """
@@ -110,12 +111,12 @@ def _logits(gen: Any, ids: list[int], chunk: int, decode_steps: int = 3) -> list
     return seen
 
 
-@pytest.mark.xfail(strict=True, reason="attention is fp32 in both precisions and torch's CPU "
+@pytest.mark.xfail(strict=False, reason="attention is fp32 in both precisions and torch's CPU "
                    "scaled_dot_product_attention blocks its work by the query length, so a chunk's "
                    "rows get other bits at another chunk size (measured 2026-12-05: fp32 from chunk 64, "
                    "bf16 from chunk 100, prompt of 300); the engine records prefill_chunk in every "
-                   "receipt and replay reuses it (docs/receipts.md). Strict: a pass means the docs "
-                   "must change.")
+                   "receipt and replay reuses it (docs/receipts.md). Not strict: where the split "
+                   "depends on the CPU model, another machine may pass.")
 def test_logits_do_not_depend_on_the_prefill_chunk_size(gen: Any) -> None:
     import torch
 
