@@ -29,8 +29,9 @@ from foundation.db import WriterLock, read_session, write_transaction
 from foundation.errors import Conflict, IntegrityFailure, InvalidInput, UnknownReceipt
 from foundation.provenance import to_utc_iso, utc_now_iso
 from receipts.canonical import canonical_body, receipt_hash
-from receipts.models import ReceiptDocument, ReceiptJournalRow, ReceiptRow
+from receipts.models import ReceiptDocument, ReceiptJournalRow, ReceiptRow, ReceiptTurn
 from receipts.schema import CHAIN_FIELDS, FORMAT_VERSION, STATUSES, document_versions, validate_body
+from receipts.turns import body_turn_hash
 from retrieval.document_ids import lookup_document_id
 
 GENESIS = "sha256:" + "0" * 64
@@ -83,7 +84,8 @@ def append_receipt(engine: Engine, body: dict[str, Any], *, receipt_id: str | No
     (``id`` = ``receipt_id`` or a new ``rcpt_<uuid4 hex>``, ``seq`` = head + 1,
     ``created_at`` ISO-8601 UTC µs and never earlier than the head's, ``prev_hash``,
     ``format_version``), the hash is computed, and the receipt row plus one
-    ``receipt_documents`` row per distinct candidate (document id, version) are
+    ``receipt_documents`` row per distinct candidate (document id, version) and, for a
+    receipt with an output, its ``receipt_turns`` row (:mod:`receipts.turns`) are
     inserted; the journal row of ``receipt_id`` (:mod:`receipts.journal`), if any,
     is deleted in the same transaction. Wholly there or not at all. Should two
     writers still race for the same head (the UNIQUE ``prev_hash`` rejects the
@@ -154,6 +156,9 @@ def append_in_transaction(session: Session, content: dict[str, Any], receipt_id:
     if docs:
         session.execute(insert(ReceiptDocument), [
             {"receipt_seq": seq, "document_id": d, "version": v} for d, v in docs])
+    turn = body_turn_hash(content)
+    if turn is not None:  # the answered turn, for follow-ups that continue it (receipts.turns)
+        session.execute(insert(ReceiptTurn).values(receipt_seq=seq, turn_hash=turn))
     session.execute(delete(ReceiptJournalRow).where(ReceiptJournalRow.id == receipt_id))
     return full
 

@@ -57,3 +57,17 @@ class ReceiptJournalRow(Base):
     pid: Mapped[int] = mapped_column(Integer)
     process: Mapped[str] = mapped_column(String(128))
     body: Mapped[str] = mapped_column(Text)
+
+
+class ReceiptTurn(Base):
+    """The turn a receipt answered, by content (``receipts.turns``): ``turn_hash`` is
+    :func:`receipts.turns.turn_hash` of its request messages followed by its answer, so a
+    follow-up whose history is exactly that conversation finds the receipt (and the exact
+    tokens it showed and produced) by an index lookup."""
+
+    __tablename__ = "receipt_turns"
+
+    #: no foreign key: a row whose receipt was removed is ignored (:func:`receipts.turns.find_turn`
+    #: joins the receipts), and nothing that removes receipts needs to know of this table
+    receipt_seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    turn_hash: Mapped[str] = mapped_column(String(HASH_LEN), index=True)

@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from app.answering.arrivals import Arrivals
+from app.answering.followup import conversation_record, find_earlier_turn, fits_window
 from app.answering.generate import granted_t, start
 from app.answering.genqueue import Cancelled, Ticket
 from app.answering.kv_lookup import cached_per_k
@@ -49,6 +50,7 @@ from latency_model.profile import Profile
 
 if TYPE_CHECKING:
     from app.models import Scaffold
+    from app.prompting.conversation import EarlierTurn
     from app.prompting.prompt import Prompt, PromptBuilder, PromptChunk
     from retrieval.retriever import Hit
 
@@ -83,7 +85,7 @@ class AdmitSteps:
         @staticmethod
         def prompt_chunks(hits: list[Hit]) -> list[PromptChunk]: ...
         def laid_out(self, builder: PromptBuilder, scaffold_text: str, chunks: list[PromptChunk],
-                     question: str, history: Any) -> Prompt: ...
+                     question: str, history: Any, *, earlier: EarlierTurn | None = None) -> Prompt: ...
 
     def prepare(self, req: AnswerRequest, arrival_t: float | None = None,
                 auth_ms: float | None = None) -> Prepared:
@@ -119,10 +121,19 @@ class AdmitSteps:
         result = self.services.retriever.retrieve(query, k_cap, req.revision)
         t1 = time.perf_counter()
         scaffold, builder = self.scaffold_and_builder()
-        full = builder.candidates(scaffold.text, self.prompt_chunks(result.hits), question, req.history,
-                                  layout=self.switches.prompt_layout)
         engines = self.in_rotation()
         window = max(int(e.generator.context_window) for e in engines)
+        # A follow-up that continues its earlier turn token for token (app.answering.followup)
+        earlier, fallback = find_earlier_turn(
+            self.services, list(req.history), scaffold,
+            {str(e.generator.identity.get("model_id")) for e in engines})
+        full = builder.candidates(scaffold.text, self.prompt_chunks(result.hits), question, req.history,
+                                  layout=self.switches.prompt_layout, earlier=earlier)
+        if earlier is not None and not fits_window(full, max_new, window):
+            # the earlier turn's exact tokens go first (text turns), before any new chunk
+            fallback = "window"
+            full = builder.candidates(scaffold.text, self.prompt_chunks(result.hits), question,
+                                      req.history, layout=self.switches.prompt_layout)
         max_new = fit_window(full.prompt_tokens_for(0), max_new, req.max_new_tokens is None, window)
         looks = self._look(engines, full)
         overhead_ms = (time.perf_counter() - arrival_t) * 1000.0
@@ -141,7 +152,7 @@ class AdmitSteps:
         cached, wait_ms, depth = look["cached"], look["wait_ms"], look["depth"]
         k = plan.chosen_k if plan.chosen_k is not None else 0
         prompt = self.laid_out(builder, scaffold.text, self.prompt_chunks(result.hits)[:k], question,
-                               req.history)
+                               req.history, earlier=full.earlier)
         t2 = time.perf_counter()
         if question != req.question:
             req = replace(req, question=question)
@@ -154,6 +165,7 @@ class AdmitSteps:
                         **({"auth_ms": auth_ms} if auth_ms is not None else {})},
             predicted_wait_ms=wait_ms, queue_depth=depth, planner_profile=planner_profile,
             correction=correction, engine_id=engine_id, fleet=choice.to_dict(),
+            conversation=conversation_record(full, list(req.history), fallback),
         )
 
     def _look(self, engines: list[FleetEngine], full: Prompt) -> list[tuple[FleetEngine, dict[str, Any]]]:
@@ -297,7 +309,7 @@ class AdmitSteps:
             _, builder = self.scaffold_and_builder()
             r = p.request
             prompt = self.laid_out(builder, p.scaffold.text, self.prompt_chunks(p.retrieval.hits)[:k],
-                                   r.question, r.history)
+                                   r.question, r.history, earlier=p.full_prompt.earlier)
         timings = dict(p.timings_ms)
         timings["planning_ms"] = timings.get("planning_ms", 0.0) + (time.perf_counter() - t0) * 1000.0
         return replace(p, plan=plan, prompt=prompt, planner_profile=planner_profile,

@@ -267,15 +267,16 @@ class AnswerPipeline(AdmitSteps):
         return prompt_slots(hits)
 
     def laid_out(self, builder: PromptBuilder, scaffold_text: str, chunks: list[PromptChunk],
-                 question: str, history: Any) -> Prompt:
+                 question: str, history: Any, *, earlier: Any = None) -> Prompt:
         """The prompt of ``chunks`` (the chosen slots, slot order) in this pipeline's layout
         (:mod:`app.prompting.layout`): exactly ``full.ids_for(len(chunks))`` of
-        :meth:`PromptBuilder.candidates`."""
+        :meth:`PromptBuilder.candidates`; ``earlier``: the earlier turn a follow-up continues
+        (:mod:`app.answering.followup`; None: the history as text turns)."""
         from app.prompting.layout import layout_order
 
         return builder.build(scaffold_text, chunks, question, history,
                              order=layout_order(chunks, self.switches.prompt_layout),
-                             layout=self.switches.prompt_layout)
+                             layout=self.switches.prompt_layout, earlier=earlier)
 
 
     # --- answer ------------------------------------------------------------------

@@ -145,7 +145,10 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
       version 2), the cited chunks ``hits`` (rank order, texts from the stored
       document versions) laid out in their recorded prompt slots (``candidates[].slot``;
       one slot per chunk for a receipt from before slots), in the recorded order
-      (``prompt.layout.slots``; rank order for a receipt without it) and the recorded question.
+      (``prompt.layout.slots``; rank order for a receipt without it) and the recorded question;
+      a follow-up that continued its earlier turn (``prompt.conversation``) starts with that
+      turn's prompt and output ids, rebuilt and verified against its receipt
+      (:func:`app.answering.followup.rebuild_prompt`).
     * ``regenerate(body) -> {"token_ids", "token_ids_hash", "text", "environment"}``
       generates again with the recorded parameters (greedy unless a seed was
       recorded) on that rebuilt prompt, cut at the recorded stop strings exactly as
@@ -156,33 +159,15 @@ def replay_hooks(services: Services) -> tuple[Any, Any]:
         NotFound: the recorded scaffold is not in the database; ``unknown_engine``, the
             recorded engine is no longer configured (:meth:`Services.engine_generator`).
     """
-    from app.prompting.conversation import Turn
-    from app.prompting.prompt import scaffold_by_hash
-    from app.prompting.slots import prompt_slots
-    from foundation.errors import BackendError, NotFound
+    from foundation.errors import BackendError
     from foundation.hashing import sha256_ints
     from generation.base import GenParams
     from generation.stopping import StopMatcher
 
     def _prompt(body: dict[str, Any], hits: list[Any]) -> Any:
-        sc = body["scaffold"]
-        row = scaffold_by_hash(services.engine, sc["hash"])
-        if row is None:
-            raise NotFound(f"scaffold {sc['hash']} is not stored", code="unknown_scaffold")
-        # The generator's tokenizer without loading the generator (a plain replay needs no model).
-        builder = services.prompt_builder
-        # the recorded slots (app.prompting.slots); a receipt from before slots showed one per candidate
-        slots = [_attr(h, "slot") for h in hits]
-        chunks = prompt_slots(hits, slots if all(n is not None for n in slots)
-                              else list(range(1, len(hits) + 1)))
-        messages = (body.get("request") or {}).get("messages") or []
-        history = [Turn(m["role"], m["content"]) for m in messages[:-1]]
-        # the order the slots were shown in (app.prompting.layout); a receipt without it showed rank order
-        layout = (body.get("prompt") or {}).get("layout") or {}
-        order = layout.get("slots")
-        return builder.build(row.text, chunks, body["question"], history,
-                             order=[int(n) for n in order] if order is not None else None,
-                             layout=str(layout.get("name", "rank")))
+        from app.answering.followup import rebuild_prompt as rebuild
+
+        return rebuild(services, body, hits)
 
     def rebuild_prompt(body: dict[str, Any], hits: list[Any]) -> tuple[str, int]:
         prompt = _prompt(body, hits)

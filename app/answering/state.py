@@ -125,6 +125,8 @@ class Prepared:
     granted_band: PrefillBand | None = None
     engine_id: str = "default"
     fleet: dict[str, Any] | None = None
+    #: how the conversation was laid out (``prompt.conversation``, :mod:`app.answering.followup`)
+    conversation: dict[str, Any] | None = None
 
 
 @dataclass

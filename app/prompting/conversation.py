@@ -24,6 +24,7 @@ them here, both deterministic and recorded in the receipt (``request.messages``,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from foundation.errors import InvalidInput
 
@@ -91,3 +92,29 @@ def retrieval_query(question: str, history: list[Turn]) -> str:
     """The text retrieval embeds for ``question`` asked after ``history`` (module docstring)."""
     earlier = [t.content.strip() for t in reversed(history) if t.role == "user" and t.content.strip()]
     return "\n".join([question, *earlier[:QUERY_USER_MESSAGES - 1]])
+
+
+@dataclass(frozen=True)
+class EarlierTurn:
+    """The earlier turn a follow-up continues token for token (``app.answering.followup``).
+
+    ``receipt_id``: the receipt that answered it; ``prompt_ids``: that answer's exact prompt
+    (its scaffold, conversation and chunks included), ``answer_ids``: the exact token ids it
+    generated. The follow-up's prompt starts with ``prompt_ids + answer_ids``
+    (:meth:`app.prompting.prompt.PromptBuilder.build`, ``earlier``), so the engine's prefix cache
+    serves the whole previous turn.
+    """
+
+    receipt_id: str
+    prompt_ids: tuple[int, ...]
+    answer_ids: tuple[int, ...]
+
+    @property
+    def prefix_tokens(self) -> int:
+        """``len(prompt_ids) + len(answer_ids)``: the tokens the follow-up repeats exactly."""
+        return len(self.prompt_ids) + len(self.answer_ids)
+
+    def record(self) -> dict[str, Any]:
+        """What the receipt records of it (``prompt.conversation``, with ``layout``)."""
+        return {"receipt_id": self.receipt_id, "prefix_tokens": self.prefix_tokens,
+                "earlier_prompt_tokens": len(self.prompt_ids)}

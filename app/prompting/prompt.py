@@ -58,7 +58,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 
 from app.models import Scaffold
-from app.prompting.conversation import Turn, prompt_turns
+from app.prompting.conversation import EarlierTurn, Turn, prompt_turns
 from app.prompting.framing import (
     TurnFraming,
     check_assistant_turn,
@@ -178,6 +178,8 @@ class Prompt:
     layout: str = "rank"
     #: ids of each candidate prompt k = 0..K in a layout other than rank (:meth:`PromptBuilder.candidates`)
     candidate_ids: list[list[int]] | None = None
+    #: the earlier turn this prompt continues token for token (None: the conversation as text turns)
+    earlier: EarlierTurn | None = None
 
     def prompt_tokens_for(self, k: int) -> int:
         """Token count of the prompt with the first ``k`` slots (laid out as this prompt's layout)."""
@@ -381,13 +383,41 @@ class PromptBuilder:
         open_text = merged[-1].content if merged and merged[-1].role == "user" else ""
         return ids, closed, open_text
 
+    def continuation_ids(self, scaffold: list[int], earlier: EarlierTurn) -> list[int]:
+        """The ids between the scaffold and the new chunks of a follow-up that continues
+        ``earlier``: ``earlier.prompt_ids[len(scaffold):] + earlier.answer_ids``, then the
+        template's end of the assistant turn and the new user header (``assistant_to_user``;
+        when the answer's ids already end with its first token, the end-of-turn token the model
+        generated, the rest of it). So ``scaffold + continuation_ids`` starts with exactly
+        ``earlier.prompt_ids + earlier.answer_ids``.
+
+        Raises:
+            InvalidConfig: the chat template cannot render earlier assistant turns.
+            ValueError: ``earlier.prompt_ids`` does not start with ``scaffold``.
+        """
+        if self.turns is None:
+            raise InvalidConfig("the model's chat template cannot render earlier assistant turns")
+        if list(earlier.prompt_ids[:len(scaffold)]) != list(scaffold):
+            raise ValueError(f"the earlier turn {earlier.receipt_id} does not start with this scaffold")
+        close = self._control_ids[self.turns.assistant_to_user]
+        answer = list(earlier.answer_ids)
+        if answer and close and answer[-1] == close[0]:
+            close = close[1:]
+        return list(earlier.prompt_ids[len(scaffold):]) + answer + list(close)
+
     def build(self, scaffold_text: str, chunks: list[PromptChunk], question: str,
               history: list[Turn] | None = None, *, order: list[int] | None = None,
-              layout: str = "rank", _memo: dict[str, list[int]] | None = None) -> Prompt:
+              layout: str = "rank", earlier: EarlierTurn | None = None,
+              _memo: dict[str, list[int]] | None = None) -> Prompt:
         """Lay out ``[scaffold][conversation][chunks][question][assistant header]`` as ids.
 
         ``history``: the messages before the question (system/developer messages and
         earlier user/assistant turns, in order), laid out as the module docstring says.
+        ``earlier``: the earlier turn ``history`` ends with, as it was shown and generated
+        (``app.answering.followup``); then the conversation's ids are
+        :meth:`continuation_ids` instead of the history as text turns: the prompt is
+        ``[earlier prompt][earlier answer][end of turn, user header][chunks][question][assistant
+        header]`` (``messages``, for backends that take them, stay the text turns).
         ``order``: the chunks in the order the prompt shows them, as 1-based indices into
         ``chunks`` (a permutation; default ``1..len(chunks)``, rank order), numbered ``[1]``,
         ``[2]``, ... in that order; ``layout`` names the rule that chose it (recorded, see
@@ -408,6 +438,8 @@ class PromptBuilder:
         scaffold = self.scaffold_ids(scaffold_text)
         ids = list(scaffold)
         history_ids, turns, open_text = self.history_segments(list(history or []))
+        if earlier is not None:
+            history_ids, open_text = self.continuation_ids(scaffold, earlier), ""
         ids += history_ids
         counts: list[int] = []
         segments: list[str] = [open_text]
@@ -436,29 +468,30 @@ class PromptBuilder:
                       chunk_token_counts=counts, question_tokens=len(q_ids), framing_tokens=len(tail),
                       text=self.tokenizer.decode(ids), prompt_hash=sha256_ints(ids),
                       scaffold_hash=sha256_text(normalize_text(scaffold_text)), messages=messages,
-                      history_tokens=len(history_ids), order=shown, layout=layout)
+                      history_tokens=len(history_ids), order=shown, layout=layout, earlier=earlier)
 
     def candidates(self, scaffold_text: str, chunks: list[PromptChunk], question: str,
-                   history: list[Turn] | None = None, *, layout: str = "rank") -> Prompt:
+                   history: list[Turn] | None = None, *, layout: str = "rank",
+                   earlier: EarlierTurn | None = None) -> Prompt:
         """The prompt with every slot of ``chunks`` (rank order, :meth:`build`) and, for a layout
         other than rank order, the ids of each candidate prompt ``k = 0..K`` as that layout shows
         its first ``k`` slots (``Prompt.candidate_ids``: what the planner counts and looks up).
 
         Segment encodings are shared between the candidates (each chunk's labelled text at a
-        given position is encoded once).
+        given position is encoded once). ``earlier``: as :meth:`build`, for every candidate.
 
         Raises:
             as :meth:`build`; ValueError: an unknown ``layout`` (:func:`app.prompting.layout.layout_order`).
         """
         from app.prompting.layout import layout_order
 
-        full = self.build(scaffold_text, chunks, question, history)
+        full = self.build(scaffold_text, chunks, question, history, earlier=earlier)
         if layout == "rank":
             return full
         memo: dict[str, list[int]] = {}
         full.candidate_ids = [self.build(scaffold_text, chunks[:k], question, history,
                                          order=layout_order(chunks[:k], layout), layout=layout,
-                                         _memo=memo).ids
+                                         earlier=earlier, _memo=memo).ids
                               for k in range(len(chunks) + 1)]
         full.layout = layout
         return full
