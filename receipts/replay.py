@@ -14,7 +14,9 @@ Checks, in order (each ``{name, status, ok, expected, actual, detail}``):
 3. ``stored_chunks``: the cited chunks are still in the store, in the recorded
    document versions, with the recorded hashes; ``prompt``: the prompt rebuilt
    from them (``rebuild_prompt``, injected by ``app``) has the recorded token-id
-   hash and token count.
+   hash and token count. A follow-up that continued its earlier turn
+   (``prompt.conversation``) rebuilds that turn's prompt and output ids from its own receipt,
+   verified against its hashes; an earlier receipt gone or not verifying fails this check.
 4. ``regenerate`` (optional, injected by ``app``): the regenerated output token
    ids equal the recorded ones; on a difference the report gives the first
    differing token position, the tokens around it on both sides
@@ -37,7 +39,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from foundation.db import read_session
-from foundation.errors import RagBudgetError
+from foundation.errors import IntegrityFailure, RagBudgetError, UnknownReceipt
 from receipts.chain import GENESIS, get_receipt_row, parse_body, receipt_hash
 from receipts.freshness import freshness, render_freshness
 from receipts.models import ReceiptRow
@@ -235,7 +237,14 @@ def check_prompt(engine: Engine, body: dict[str, Any], rebuild_prompt: RebuildPr
         checks.append(Check("prompt", False, skipped=True, detail="cited chunks are not intact"))
     else:
         rec = body["prompt"]
-        token_ids_hash, prompt_tokens = rebuild_prompt(body, hits)
+        try:
+            token_ids_hash, prompt_tokens = rebuild_prompt(body, hits)
+        except (IntegrityFailure, UnknownReceipt) as exc:
+            # a follow-up whose earlier turn (prompt.conversation) is gone or does not verify
+            checks.append(Check("prompt", False, {"token_ids_hash": rec["token_ids_hash"],
+                                                  "prompt_tokens": rec["prompt_tokens"]}, None,
+                                f"the prompt cannot be rebuilt: {exc}"))
+            return checks
         ok = (token_ids_hash, prompt_tokens) == (rec["token_ids_hash"], rec["prompt_tokens"])
         checks.append(Check("prompt", ok, {"token_ids_hash": rec["token_ids_hash"],
                                            "prompt_tokens": rec["prompt_tokens"]},
