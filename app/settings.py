@@ -171,6 +171,11 @@ class Settings(BaseSettings):
         "canonical", description="Order of the chosen chunks in the prompt (app.prompting.layout): canonical "
         "(sorted by document, version and offset, so overlapping retrievals share cached prefixes) "
         "or rank (best first). Retrieval chooses the same chunks either way; receipts record it.")
+    follow_up_layout: Literal["earlier_turn", "text"] = Field(
+        "earlier_turn", description="A chat follow-up whose history is exactly an earlier receipt's "
+        "messages and answer: earlier_turn continues that turn's exact prompt and output token ids "
+        "(so the prefix cache serves the whole previous turn, app.answering.followup); text lays the "
+        "history out as text turns after the scaffold. Receipts record which was used.")
     late_binding: bool = Field(True, description="Choose k when the request gets the model, from the "
                                "budget minus the time already spent (and plan on arrival with the "
                                "predicted wait); off: k is chosen on arrival, the wait unseen.")

@@ -13,9 +13,14 @@ history, then a follow-up question on the same topic.
 Arms, run one after the other on each cell with the same workload (the arm that goes first
 alternates from cell to cell): ``A`` the engine's prefix cache limited to the scaffold
 (``BlockPrefixCache.scope = "scaffold"``: only the scaffold block is stored and loaded, the
-cache as it was before blocks past the scaffold were kept); ``B`` the block cache (scope
-``all``: scaffold, retrieved chunks, earlier turns). Both arms use the one cache object: under
-arm A it neither loads nor stores a block past the scaffold, so arm B's blocks wait untouched.
+cache as it was before blocks past the scaffold were kept) and follow-ups laid out as text
+turns (``follow_up_layout = "text"``); ``B`` the block cache (scope ``all``: scaffold,
+retrieved chunks, earlier turns) and follow-ups that continue their earlier turn's exact ids
+(``follow_up_layout = "earlier_turn"``, :mod:`app.answering.followup`). Both arms use the one
+cache object: under arm A it neither loads nor stores a block past the scaffold, so arm B's
+blocks wait untouched. ``--cache-mib`` sets the cache's budget for the run (the setting
+``RAGBUDGET_GENERATOR_PREFIX_CACHE_MIB``, set before the services load); each answer's row
+records the cache's bytes after it, and the run's end the most it ever held.
 
 Modes (a cell is clients x mode): ``fixed-k`` (every answer at ``--fixed-k`` chunks, the
 pipeline's ``fixed_k``, budget 60 s) and ``budget-B`` for each of ``--budgets`` (the planner
@@ -56,6 +61,10 @@ FOLLOW_UPS = ("What are its limits or caveats?", "Can you give a short example?"
 ZIPF_S = 1.1
 #: Arms: A scaffold-only cache, B the block cache (scope of ``BlockPrefixCache``).
 ARM_SCOPE = {"A": "scaffold", "B": "all"}
+#: Each arm's follow-up layout (the pipeline's ``follow_up_layout``): A the history as text
+#: turns (the answer path before follow-ups continued their earlier turn), B the earlier turn's
+#: exact ids first (``app.answering.followup``).
+ARM_FOLLOW_UP = {"A": "text", "B": "earlier_turn"}
 
 
 @dataclass(frozen=True)
@@ -133,7 +142,8 @@ def _post(client: Any, url: str, messages: list[dict[str, str]], budget: float,
                ttft_ms=t["ttft_ms"], prefill_ms=t["prefill_ms"], queue_ms=t["queue_ms"],
                prompt_tokens=usage["prompt_tokens"],
                cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
-               predicted_p95_ms=extra["predicted"]["ttft_p95_ms"], binding=extra["binding"])
+               predicted_p95_ms=extra["predicted"]["ttft_p95_ms"], binding=extra["binding"],
+               receipt_id=extra.get("receipt_id"))
     row["within"] = row["ttft_ms"] is not None and row["ttft_ms"] <= budget
     return row
 
@@ -173,8 +183,14 @@ def run_cell(url: str, lanes: list[list[Turn]], budget: float, tokens: int,
 
 def run(args: argparse.Namespace) -> int:
     """The benchmark (module docstring): every cell x arm, rows appended to ``args.out``."""
+    import os
+
     from app.sweep import bookindex_questions
     from benchmarks.load_http import Server, build, run_header
+
+    if args.cache_mib is not None:  # read when the generator loads, below
+        os.environ["RAGBUDGET_GENERATOR_PREFIX_CACHE_MIB"] = str(args.cache_mib)
+    from receipts.chain import get_receipt
 
     services, app, _questions = build()
     pipeline = app.state.pipeline
@@ -194,13 +210,16 @@ def run(args: argparse.Namespace) -> int:
         held = cache.stats()
         peak["bytes"] = max(peak["bytes"], held.bytes, held.peak_bytes)
         row["cache_bytes"] = held.bytes
+        if row.get("receipt_id"):  # how the follow-up was laid out (app.answering.followup)
+            conv = (get_receipt(services.engine, row["receipt_id"]).get("prompt") or {}).get("conversation")
+            row["conversation"] = conv
         if row.get("prompt_tokens") is not None:
             m = int(row["prompt_tokens"]) - int(row["cached_tokens"])
             row["predicted_new_only_ms"] = profile.predict_ttft_ms(m, 0)[0]
 
     modes = [("fixed-k", 60_000.0)] + [(f"budget-{b:g}", float(b)) for b in args.budget_list]
     for arm in ("A", "B"):  # warm-up: the scaffold cached and the machine's speed read, per arm
-        cache.scope = ARM_SCOPE[arm]
+        cache.scope, pipeline.follow_up_layout = ARM_SCOPE[arm], ARM_FOLLOW_UP[arm]
         run_cell(server.url, [[Turn(0, "What is a tablespace?", False)]], 60_000.0, args.tokens, on_answer)
     cell_no = 0
     for clients in args.client_list:
@@ -210,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
             order = ("A", "B") if cell_no % 2 == 0 else ("B", "A")
             cell_no += 1
             for arm in order:
-                cache.scope = ARM_SCOPE[arm]
+                cache.scope, pipeline.follow_up_layout = ARM_SCOPE[arm], ARM_FOLLOW_UP[arm]
                 pipeline.fixed_k = args.fixed_k if mode == "fixed-k" else None
                 t0 = time.perf_counter()
                 rows = run_cell(server.url, lanes, budget, args.tokens, on_answer)
@@ -223,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{statistics.fmean(r['k'] for r in ok) if ok else float('nan'):.2f} "
                       f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     pipeline.fixed_k = None
-    cache.scope = "all"
+    cache.scope, pipeline.follow_up_layout = "all", "earlier_turn"
     stats = cache.stats()
     append_jsonl(args.out, [{"kind": "kv-end", "peak_bytes": max(peak["bytes"], stats.peak_bytes),
                              "budget_bytes": stats.budget_bytes, "evicted": stats.evicted,
@@ -271,13 +290,20 @@ def report(rows: list[dict[str, Any]]) -> str:
         ca, cb = _med([r["cached_tokens"] for r in a]), _med([r["cached_tokens"] for r in b])
         out.append(f"| {clients} | {mode} | {len(a)}/{len(b)} | {_fmt(ta)} / {_fmt(tb)} | {red} | "
                    f"{_fmt(ka, '.2f')} / {_fmt(kb, '.2f')} | {ratio} | {within} | {_fmt(ca)} / {_fmt(cb)} |")
-    out += ["", "| arm | follow-ups | median TTFT (ms) | median predicted prefill of computed tokens "
-            "alone (ms) | median ratio | within 1.2x |", "|---|---|---|---|---|---|"]
+    out += ["", "| arm | follow-ups | laid out as the earlier turn | median prompt / cached tokens "
+            "| median TTFT (ms) | median predicted prefill of computed tokens alone (ms) | median ratio "
+            "| within 1.2x |", "|---|---|---|---|---|---|---|---|"]
     for arm in ("A", "B"):
         fu = [r for r in answers if r["arm"] == arm and r["follow_up"] and r.get("predicted_new_only_ms")]
         ratios = [r["ttft_ms"] / r["predicted_new_only_ms"] for r in fu]
         share = sum(x <= 1.2 for x in ratios) / len(ratios) if ratios else None
-        out.append(f"| {arm} | {len(fu)} | {_fmt(_med([r['ttft_ms'] for r in fu]))} | "
+        layouts = [(r.get("conversation") or {}).get("layout") for r in fu]
+        fallbacks = sorted({(r.get("conversation") or {}).get("fallback") for r in fu} - {None})
+        out.append(f"| {arm} | {len(fu)} | {sum(x == 'earlier_turn' for x in layouts)}"
+                   f"{' (text: ' + ', '.join(fallbacks) + ')' if fallbacks else ''} | "
+                   f"{_fmt(_med([r.get('prompt_tokens', 0) for r in fu]))} / "
+                   f"{_fmt(_med([r.get('cached_tokens', 0) for r in fu]))} | "
+                   f"{_fmt(_med([r['ttft_ms'] for r in fu]))} | "
                    f"{_fmt(_med([r['predicted_new_only_ms'] for r in fu]))} | {_fmt(_med(ratios), '.2f')} | "
                    f"{_fmt(share and share * 100)} % |")
     end = next((r for r in reversed(rows) if r.get("kind") == "kv-end"), None)
@@ -301,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topics", type=int, default=30, help="book-index questions drawn as topics")
     ap.add_argument("--follow-share", type=float, default=0.3, help="share of follow-up turns")
     ap.add_argument("--tokens", type=int, default=8, help="new tokens per answer")
+    ap.add_argument("--cache-mib", type=int, default=None,
+                    help="the prefix cache's budget for this run, MiB (default: the setting)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--report", action="store_true", help="print the tables of --out and exit")
     args = ap.parse_args(argv)

@@ -124,9 +124,10 @@ class AdmitSteps:
         engines = self.in_rotation()
         window = max(int(e.generator.context_window) for e in engines)
         # A follow-up that continues its earlier turn token for token (app.answering.followup)
-        earlier, fallback = find_earlier_turn(
+        earlier, fallback = (find_earlier_turn(
             self.services, list(req.history), scaffold,
             {str(e.generator.identity.get("model_id")) for e in engines})
+            if self.switches.follow_up_layout == "earlier_turn" else (None, "text_layout_set"))
         full = builder.candidates(scaffold.text, self.prompt_chunks(result.hits), question, req.history,
                                   layout=self.switches.prompt_layout, earlier=earlier)
         if earlier is not None and not fits_window(full, max_new, window):

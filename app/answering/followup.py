@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
 #: Why a conversation was laid out as text turns rather than continuing its earlier turn.
 FALLBACKS = ("no_earlier_answer", "no_matching_receipt", "other_scaffold", "other_model",
-             "earlier_turn_not_ok", "stop_sequence", "earlier_turn_unverified", "window")
+             "earlier_turn_not_ok", "stop_sequence", "earlier_turn_unverified", "window",
+             "text_layout_set")
 #: Receipts followed back through a conversation at most (each a rebuild); a longer chain of
 #: follow-ups is laid out as text (``earlier_turn_unverified``).
 MAX_DEPTH = 64

@@ -134,6 +134,7 @@ class AnswerPipeline(AdmitSteps):
     live_speed = _Switch()
     room_for_arrivals = _Switch()
     prompt_layout = _Switch()
+    follow_up_layout = _Switch()
     routing = _Switch()
     fixed_k = _Switch()
 

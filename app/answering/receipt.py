@@ -283,7 +283,7 @@ class AnswerReceipts:
                     "computed_tokens": summary.tokens.computed,
                     # the order the chosen slots were shown in (app.prompting.layout); replay lays them out so
                     "layout": {"name": p.prompt.layout, "slots": list(p.prompt.order)},
-                    # a follow-up's layout: the earlier turn it continues, or why as text (app.answering.followup)
+                    # a follow-up's layout: the earlier turn continued, or why text (app.answering.followup)
                     **({"conversation": p.conversation} if p.conversation is not None else {})},
             generator={"engine_id": p.engine_id,
                        "backend": ident.get("backend"), "model_id": ident.get("model_id"),

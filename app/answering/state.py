@@ -31,6 +31,8 @@ class AnswerSwitches:
     the learned correction; ``live_speed``: scale it to the machine's speed now;
     ``room_for_arrivals``: leave the requests arrived meanwhile room to answer;
     ``prompt_layout``: the order the chosen chunks are shown in (:mod:`app.prompting.layout`);
+    ``follow_up_layout``: ``earlier_turn`` (a follow-up continues its earlier turn's exact ids,
+    :mod:`app.answering.followup`) or ``text`` (the history as text turns);
     ``routing``: ``joint`` (the fleet planner's engine and k), or a baseline a fleet benchmark
     compares it with, ``round_robin`` or ``least_ttft``, each at ``fixed_k`` when set.
     """
@@ -40,6 +42,7 @@ class AnswerSwitches:
     live_speed: bool = True
     room_for_arrivals: bool = True
     prompt_layout: str = "rank"
+    follow_up_layout: str = "earlier_turn"
     routing: str = "joint"
     fixed_k: int | None = None
 
@@ -50,7 +53,8 @@ class AnswerSwitches:
                    online_correction=bool(settings.online_correction),
                    live_speed=bool(settings.correction_live_speed),
                    room_for_arrivals=bool(getattr(settings, "room_for_arrivals", True)),
-                   prompt_layout=str(getattr(settings, "prompt_layout", "rank")))
+                   prompt_layout=str(getattr(settings, "prompt_layout", "rank")),
+                   follow_up_layout=str(getattr(settings, "follow_up_layout", "earlier_turn")))
 
 
 @dataclass

@@ -164,3 +164,14 @@ def test_advice_uses_the_same_layout(world: Any) -> None:
     assert advice.prompt_tokens > len(first_prompt)
     p = pipe.prepare(replace(req))
     assert p.prompt.ids[:len(first_prompt)] == first_prompt
+
+
+def test_the_text_layout_switch_lays_a_matching_history_out_as_text(world: Any) -> None:
+    pipe, gen = world
+    first, first_prompt = _turn(pipe, gen, QUESTION, [])
+    pipe.follow_up_layout = "text"
+    history = [Turn("user", QUESTION), Turn("assistant", first.text)]
+    second, second_prompt = _turn(pipe, gen, FOLLOW_UP, history)
+    assert second_prompt[:len(first_prompt)] != first_prompt
+    conv = get_receipt(pipe.services.engine, second.receipt_id)["prompt"]["conversation"]
+    assert conv == {"layout": "text", "fallback": "text_layout_set"}

@@ -56,7 +56,8 @@ def test_the_table_compares_the_arms_per_cell() -> None:
     def row(arm: str, mode: str, ttft: float, k: int, within: bool, follow: bool = False) -> dict:
         return {"kind": "answer", "status": 200, "arm": arm, "clients": 1, "mode": mode, "ttft_ms": ttft,
                 "k": k, "within": within, "cached_tokens": 83, "follow_up": follow,
-                "predicted_new_only_ms": 100.0, "cache_bytes": 5 << 20}
+                "predicted_new_only_ms": 100.0, "cache_bytes": 5 << 20, "prompt_tokens": 900,
+                "conversation": {"layout": "earlier_turn", "receipt_id": "r", "prefix_tokens": 700}}
     rows = [{"kind": "kv-run"}, row("A", "fixed-k", 1000, 4, True), row("B", "fixed-k", 400, 4, True),
             row("A", "budget-1200", 900, 2, True), row("B", "budget-1200", 1000, 3, False, True),
             {"kind": "kv-end", "peak_bytes": 6 << 20, "budget_bytes": 256 << 20, "evicted": 0,
@@ -64,5 +65,5 @@ def test_the_table_compares_the_arms_per_cell() -> None:
     table = report(rows)
     assert "| 1 | fixed-k | 1/1 | 1000 / 400 | -60 % |" in table
     assert "| 2.00 / 3.00 | 1.50x | 100 % / 0 % |" in table
-    assert "| B | 1 | 1000 | 100 | 10.00 | 0 % |" in table
+    assert "| B | 1 | 1 | 900 / 83 | 1000 | 100 | 10.00 | 0 % |" in table  # laid out as the earlier turn
     assert "most bytes held 6.0 MiB of a 256 MiB budget" in table
