@@ -15,7 +15,10 @@ come right after the scaffold, so the scaffold stays the cached prefix of every
 prompt (:meth:`PromptBuilder.build`, ``history``), as real chat turns framed
 with the template's own text (:func:`derive_turn_framing`); the turns are
 those of :func:`app.prompting.conversation.prompt_turns`; the last user turn holds the
-chunks and the question.
+chunks and the question. A follow-up that continues an earlier turn
+(:class:`app.prompting.conversation.EarlierTurn`, found by ``app.answering.followup``) has that
+turn's exact prompt and output ids in place of the text turns, then the end of the turn and the
+new user header (:meth:`PromptBuilder.continuation_ids`).
 
 Each segment is encoded on its own and the ids are concatenated; the joined
 text is never re-tokenised. That makes the scaffold ids an exact prefix of
