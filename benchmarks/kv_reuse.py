@@ -35,8 +35,8 @@ budget; a follow-up within 1.2x of the prefill of its new tokens alone.
 
     cp -a /work/main/ragbudget-data /tmp/kv-data    # never write into the prepared directory
     RAGBUDGET_DATA_DIR=/tmp/kv-data flock /tmp/ragbudget-cpu.lock \\
-        python -m benchmarks.kv_reuse --out benchmarks/results/kv-reuse-1.jsonl --per-cell 6
-    python -m benchmarks.kv_reuse --out benchmarks/results/kv-reuse-1.jsonl --report
+        python -m benchmarks.kv_reuse --out benchmarks/results/kv-reuse-2.jsonl --per-cell 20 --cache-mib 2048
+    python -m benchmarks.kv_reuse --out benchmarks/results/kv-reuse-2.jsonl --report
 """
 
 from __future__ import annotations
@@ -298,7 +298,7 @@ def report(rows: list[dict[str, Any]]) -> str:
         ratios = [r["ttft_ms"] / r["predicted_new_only_ms"] for r in fu]
         share = sum(x <= 1.2 for x in ratios) / len(ratios) if ratios else None
         layouts = [(r.get("conversation") or {}).get("layout") for r in fu]
-        fallbacks = sorted({(r.get("conversation") or {}).get("fallback") for r in fu} - {None})
+        fallbacks = sorted({str(f) for r in fu if (f := (r.get("conversation") or {}).get("fallback"))})
         out.append(f"| {arm} | {len(fu)} | {sum(x == 'earlier_turn' for x in layouts)}"
                    f"{' (text: ' + ', '.join(fallbacks) + ')' if fallbacks else ''} | "
                    f"{_fmt(_med([r.get('prompt_tokens', 0) for r in fu]))} / "
