@@ -93,9 +93,11 @@ def residual_spread(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ratio = np.array([r["prefill_ms"] for r in sel]) / fit50
         med, q95 = float(np.median(ratio)), float(np.quantile(ratio, 0.95))
         fitted = np.maximum(fit50 * r95, fit50 + a95) / fit50
-        out[name] = {"answers": len(sel), "computed_tokens_median": float(np.median([r["computed_tokens"] for r in sel])),
+        tokens = float(np.median([r["computed_tokens"] for r in sel]))
+        out[name] = {"answers": len(sel), "computed_tokens_median": tokens,
                      "fitted_p50_ms_median": float(np.median(fit50)), "ratio_median": med,
-                     "ratio_p95": q95, "served_spread": q95 / med, "fitted_spread_median": float(np.median(fitted))}
+                     "ratio_p95": q95, "served_spread": q95 / med,
+                     "fitted_spread_median": float(np.median(fitted))}
     return out
 
 
@@ -113,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         mine = [r for r in rows if r["engine"] == eng]
         r95, a95 = fitted_band(mine)
         result["engines"][eng] = {"fitted_R": r95, "fitted_A95_ms": a95, "served": residual_spread(mine),
-                                  "fitted_floor_rule": replay(mine, False), "residual_band": replay(mine, True)}
+                                  "fitted_floor_rule": replay(mine, False),
+                                  "residual_band": replay(mine, True)}
     for eng, e in result["engines"].items():
         print(f"engine {eng}: fitted band max(p50 x {e['fitted_R']:.2f}, p50 + {e['fitted_A95_ms']:.0f} ms)")
         for name, s in e["served"].items():
@@ -124,10 +127,12 @@ def main(argv: list[str] | None = None) -> int:
             for name in ("k0", "k1+", "all"):
                 s = e[rule][name]
                 if s["answers"]:
+                    late = s["covered_after_rank"]
+                    late_text = "-" if late is None else format(late, ".1%")
+                    spread = s["spread_median_after_rank"] or float("nan")
                     print(f"  {rule:17s} {name:4s}: covered {s['covered']:.1%} of {s['answers']}, p95/p50 "
-                          f"median {s['spread_median']:.2f}; after rank: covered "
-                          f"{s['covered_after_rank'] if s['covered_after_rank'] is None else format(s['covered_after_rank'], '.1%')}"
-                          f" of {s['answers_after_rank']}, p95/p50 {s['spread_median_after_rank'] or float('nan'):.2f}")
+                          f"median {s['spread_median']:.2f}; after rank: covered {late_text}"
+                          f" of {s['answers_after_rank']}, p95/p50 {spread:.2f}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

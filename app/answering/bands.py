@@ -26,8 +26,8 @@ is on. It keeps:
   the steps it ran in, and each plan scales the correction to the speed of the steps just
   run, so a machine that slows down shows in the next plan (``live_speed`` switch).
 
-The pipeline's ``online_correction``, ``live_speed`` and ``residual_band`` switches are flipped at run time (an
-A/B in one process, ``benchmarks/load.py``), so they are read from the shared
+The pipeline's ``online_correction``, ``live_speed`` and ``residual_band`` switches are flipped
+at run time (an A/B in one process, ``benchmarks/load.py``), so they are read from the shared
 :class:`app.answering.state.AnswerSwitches` on every call, never copied here.
 """
 
