@@ -91,3 +91,29 @@ def test_residual_multipliers_refuse_too_few_answers() -> None:
     one_size = [(100.0, 1.0 + 0.01 * i) for i in range(40)]
     # One prompt size: the whole window, its conformal rank or the newest GROUP_MIN's largest.
     assert residual_multipliers(one_size, [100.0])[0] == pytest.approx(1.39)
+
+
+def test_the_setting_and_a_plan_choose_the_rule() -> None:
+    """``RAGBUDGET_CORRECTION_RESIDUAL_BAND`` reaches the answer path's switches; a plan's
+    :class:`CorrectedProfile` takes the rule it is given over the correction's own."""
+    from types import SimpleNamespace
+
+    from app.answering.state import AnswerSwitches
+    from latency_model.correction import CorrectedProfile
+
+    base = {"late_binding": True, "online_correction": True, "correction_live_speed": True}
+    assert AnswerSwitches.of(SimpleNamespace(**base)).residual_band
+    assert not AnswerSwitches.of(SimpleNamespace(**base, correction_residual_band=False)).residual_band
+    c = OnlineCorrection("p", window=40, min_samples=5)
+    for _ in range(GROUP_MIN):
+        c.observe(100.0, 100.0)
+
+    class Fitted:
+        id, source = "p", "fitted"
+
+        def predict_ttft_many(self, n, c_, prefix=None):  # type: ignore[no-untyped-def]
+            import numpy as np
+            return np.array([100.0]), np.array([170.0])
+
+    assert CorrectedProfile(Fitted(), c).predict_ttft_ms(1, 0)[1] == pytest.approx(100.0)
+    assert CorrectedProfile(Fitted(), c, residual_band=False).predict_ttft_ms(1, 0)[1] == pytest.approx(170.0)
