@@ -379,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                   "clients": args.clients, "rounds": args.rounds, "budgets": args.budgets,
                   "max_new_tokens": args.max_new_tokens,
                   "baseline_k": {arm: {str(b): v for b, v in per.items()} for arm, per in ks.items()},
-                  "flood": args.flood, "flood_phase": args.flood_phase, "summary": summarise(rows),
+                  "flood": args.flood, "flood_phase": args.flood_phase,
+                  "residual_band": bool(pipe.switches.residual_band), "summary": summarise(rows),
                   "compare": comparisons, "kill": kill, "rows": rows}
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,9 @@ arrivals at two rates) x budget (800, 1500, 3000 ms) x new tokens (32, 64) x arm
 (``on``: late binding and online correction following the machine speed read from the
 engine's steps, and room left for requests that arrived meanwhile; ``on-answers``: the same,
 the correction learned from answers alone, live speed off; ``on-greedy``: ``on`` but each answer
-binds as if no one came after it (``room_for_arrivals`` off); ``off``: late binding and
+binds as if no one came after it (``room_for_arrivals`` off); ``on-floor``: ``on`` with the
+online correction's earlier p95 rule (the fitted spread as a floor, ``residual_band`` off:
+:mod:`latency_model.correction`); ``off``: late binding and
 correction switched off on the same pipeline), the arms of a cell (``--arms``, default
 ``on,off``) run one after the other. Per cell:
 share of answered requests within budget, share rejected fast (503

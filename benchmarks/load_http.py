@@ -20,8 +20,9 @@ from benchmarks.common import elapsed_ms, machine
 def set_arm(pipeline: Any, arm: str) -> None:
     """Flip the pipeline's switches for ``arm`` (one of :data:`ARMS`)."""
     pipeline.late_binding = pipeline.online_correction = arm != "off"
-    pipeline.live_speed = arm in ("on", "on-greedy")
-    pipeline.room_for_arrivals = arm in ("on", "on-answers")
+    pipeline.live_speed = arm in ("on", "on-greedy", "on-floor")
+    pipeline.room_for_arrivals = arm in ("on", "on-answers", "on-floor")
+    pipeline.switches.residual_band = arm != "on-floor"
 
 
 class Server:

@@ -18,7 +18,7 @@ from typing import Any
 from benchmarks.common import quantile_or_none
 
 #: The grid's arms (``python -m benchmarks.load --arms``) and the ``--batching`` arms.
-ARMS = ("on", "on-answers", "on-greedy", "off")
+ARMS = ("on", "on-answers", "on-greedy", "on-floor", "off")
 BATCH_ARMS = ("batched", "serial")
 
 

@@ -31,6 +31,23 @@ two bounded terms on top of the fitted profile, which itself is never changed:
   mixing answers alone and beside a batch was wider than the fitted spread.
   Before the conformal rank is reached the floor applies either way.
 
+  **The residual band** (``residual_band``, on by default; the rule above is kept behind it as
+  ``False``). Once the scores in use hold :data:`GROUP_MIN` answers (the fewest whose 0.95
+  conformal rank is within them), p95 comes from the served answers' own residuals alone, with
+  no fitted-spread floor, local or remote engine, speed or not, and per prompt size: a
+  prediction takes the scores of the :data:`GROUP_MIN` answers nearest to it in log fitted p50
+  (:func:`residual_multipliers`). The floor came from calibration on a shared VM, where the
+  fitted p95 was 1.6-1.8x p50 at the prompt sizes that carry chunks while served prefills of
+  those sizes spread 1.2-1.35x; and one multiplier over a window that mixes short prompts
+  (k = 0, fixed costs, wide) with long ones (narrow) gave the long prompts the short prompts'
+  width (docs/latency_model.md, "Where the band's width comes from"). The drift guard is a
+  short-window conformal bound instead of the floor: the multiplier is at least the largest
+  score of the newest :data:`GROUP_MIN` answers of that size, so one slow answer widens the next
+  plan of its size, and the band narrows again once GROUP_MIN answers have followed it.
+  Measured, not promised: replayed on the fleet's second run it covered 96-97 % of the prefills
+  with chunks, on the third 88-93 % (docs/latency_model.md); ``residual_band=False`` keeps the
+  earlier rule.
+
 * ``speed``: how fast the machine runs engine steps now, against the mixed-step
   model (:func:`latency_model.step_model.machine_speed`), when the caller reads it.
   Each answer is stored with the speed of the steps it ran in; the factor is then
@@ -85,15 +102,13 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from foundation.errors import InvalidInput
+from latency_model.residual_band import COVERAGE, GROUP_MIN, residual_multipliers
 
-COVERAGE = 0.95
 #: The groups answers are stored in (see the module docstring): planned with nothing else on
 #: the engine, or beside a running batch.
 ALONE = "alone"
 BATCHED = "batched"
 GROUPS = (ALONE, BATCHED)
-#: The fewest scores whose conformal rank ``ceil((n + 1) x COVERAGE)`` is within them (19 at 0.95).
-GROUP_MIN = next(n for n in range(1, 1000) if math.ceil((n + 1) * COVERAGE) <= n)
 
 #: One stored answer: fitted p50 ms, measured ms, covered, machine speed (or None), group (or None).
 Pair = tuple[float, float, bool, float | None, str | None]
@@ -110,6 +125,10 @@ class CorrectionState:
     time (``None`` when empty); ``speed`` the machine speed the factor was scaled to
     (``None``: the plain median, no step speed read); ``max_score`` the largest
     window score over the factor (the spread used before the conformal rank is reached).
+    ``residuals``: with the residual band (:attr:`residual_band`), the ``(fitted p50 ms, score)``
+    of every answer the band is learned from, oldest first, the score its (speed-normalised)
+    ratio over the factor's median; ``None``: the fitted-spread rules. ``own_top``: the largest
+    score the plan's group has shown when the band comes from the pooled window (1.0 otherwise).
     """
 
     profile_id: str
@@ -122,13 +141,22 @@ class CorrectionState:
     speed: float | None = None
     max_score: float = 1.0
     group: str | None = None
+    residuals: tuple[tuple[float, float], ...] | None = None
+    own_top: float = 1.0
+
+    @property
+    def residual_band(self) -> bool:
+        """True when p95 comes from the served answers' own residuals alone (see
+        :func:`residual_multipliers`), with no fitted-spread floor."""
+        return self.residuals is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every field."""
+        """JSON-ready dict of every field (``residuals`` as ``residual_band``, a bool)."""
         return {"profile_id": self.profile_id, "factor": self.factor,
                 "p95_multiplier": self.p95_multiplier, "n": self.n, "window": self.window,
                 "active": self.active, "coverage": self.coverage, "speed": self.speed,
-                "max_score": self.max_score, "group": self.group}
+                "max_score": self.max_score, "group": self.group,
+                "residual_band": self.residual_band}
 
 
 def _good_group(value: Any) -> str | None:
@@ -154,13 +182,19 @@ class OnlineCorrection:
         min_samples: answers needed before it applies (>= 1, <= window).
         min_factor, max_factor: bounds of the multiplicative factor (0 < min <= 1 <= max).
         max_multiplier: bound of the p95/p50 multiplier (>= 1).
+        residual_band: once the scores in use hold :data:`GROUP_MIN` answers, set p95 from
+            their residuals alone, per prompt size, without the fitted-spread floor
+            (:func:`residual_multipliers`); False: the earlier rule (conformal multiplier over the
+            whole window, floored at the fitted spread without a machine speed). A plan may
+            override it (:meth:`state`).
 
     Raises:
         InvalidInput: a bound out of range.
     """
 
     def __init__(self, profile_id: str, *, window: int = 40, min_samples: int = 5,
-                 min_factor: float = 0.25, max_factor: float = 4.0, max_multiplier: float = 4.0) -> None:
+                 min_factor: float = 0.25, max_factor: float = 4.0, max_multiplier: float = 4.0,
+                 residual_band: bool = True) -> None:
         if window < 1 or not 1 <= min_samples <= window:
             raise InvalidInput("need window >= 1 and 1 <= min_samples <= window", field="window")
         if not 0 < min_factor <= 1.0 <= max_factor or max_multiplier < 1.0:
@@ -172,6 +206,7 @@ class OnlineCorrection:
         self.min_factor = min_factor
         self.max_factor = max_factor
         self.max_multiplier = max_multiplier
+        self.residual_band = residual_band
         self._lock = threading.Lock()
         # (arrival number, pair) per group; None holds answers stored without a group.
         self._by_group: dict[str | None, deque[tuple[int, Pair]]] = {}
@@ -241,7 +276,7 @@ class OnlineCorrection:
             return sum(len(q) for q in self._by_group.values())
 
     def state(self, speed_now: float | None = None, use_speed: bool = True,
-              group: str | None = None) -> CorrectionState:
+              group: str | None = None, residual_band: bool | None = None) -> CorrectionState:
         """The correction in force now (see :class:`CorrectionState`).
 
         ``speed_now``: the machine speed read from the latest engine steps (``None``: not
@@ -254,6 +289,8 @@ class OnlineCorrection:
         multiplier once it holds :data:`GROUP_MIN` of them, else (and with ``None``) the pooled
         window does: the newest ``window`` answers of every group, its multiplier no smaller
         than the largest score the group's own answers show over the pooled factor.
+        ``residual_band``: the rule of :attr:`CorrectionState.residuals` (``None``: the
+        correction's own setting); it applies once the scores in use number :data:`GROUP_MIN`.
         """
         group = _good_group(group)
         with self._lock:
@@ -286,10 +323,19 @@ class OnlineCorrection:
             speed = None
             ratios = np.array([pair[1] / pair[0] for pair in pairs])  # (n,)
             base = factor = float(np.clip(np.median(ratios), self.min_factor, self.max_factor))
+        refs = ([p for p, _, _ in timed] if speed is not None
+                else [pair[0] for pair in pairs])  # fitted p50 of each ratio, arrival order
+        residuals = (tuple(zip(refs, (ratios / base).tolist(), strict=True))
+                     if (self.residual_band if residual_band is None else residual_band)
+                     and ratios.size >= GROUP_MIN else None)
         scores = np.sort(ratios / base)
         rank = math.ceil((scores.size + 1) * COVERAGE)
         mult: float | None = float(scores[rank - 1]) if rank <= scores.size else None
         max_score = float(scores[-1])
+        if residuals is not None and mult is not None:
+            # the per-size rule over the whole window: what a plan gets when all answers are one size
+            mult = max(mult, float((ratios[-GROUP_MIN:] / base).max()))
+        own_top = 1.0
         if used_group is None and own:
             # The plan's group is short of its own rank: the pooled band, widened to cover the
             # largest score the group's own answers have shown (same normalisation and base).
@@ -297,12 +343,14 @@ class OnlineCorrection:
                     else [m / p for p, m, _, _, _ in own])
             if mine:
                 top = max(mine) / base
+                own_top = top
                 max_score = max(max_score, top)
                 mult = max(mult, top) if mult is not None else None
         if mult is not None:
             mult = float(min(max(mult, 1.0), self.max_multiplier))
         return CorrectionState(self.profile_id, factor, mult, len(pairs), self.window, True, coverage,
-                               speed=speed, max_score=max_score, group=used_group)
+                               speed=speed, max_score=max_score, group=used_group,
+                               residuals=residuals, own_top=own_top)
 
     def groups(self, speed_now: float | None = None, use_speed: bool = True) -> dict[str, dict[str, Any]]:
         """Per group (:data:`GROUPS`): ``answers`` it holds, and the ``factor``,
@@ -325,7 +373,9 @@ class OnlineCorrection:
         holds enough answers for the conformal rank (p50' x multiplier alone when the
         factor is speed-normalised, ``state.speed`` set: see the module docstring), else
         max(p95 x factor, p50' x largest score (``state.max_score``)); capped at p50' x
-        ``max_multiplier`` and never below p50'.
+        ``max_multiplier`` and never below p50'. With the residual band (``state.residuals``):
+        p95' = p50' x the multiplier of each prediction's size (:func:`residual_multipliers`,
+        raised to ``state.own_top``), the fitted p95 unused.
         """
         st = state or self.state()
         a50 = np.asarray(p50, dtype=np.float64)
@@ -333,7 +383,10 @@ class OnlineCorrection:
         if not st.active:
             return a50, a95
         c50 = a50 * st.factor
-        if st.p95_multiplier is not None:
+        if st.residuals is not None:
+            mult = np.maximum(residual_multipliers(st.residuals, a50).reshape(a50.shape), st.own_top)
+            c95 = c50 * np.minimum(mult, self.max_multiplier)
+        elif st.p95_multiplier is not None:
             floor = c50 if st.speed is not None else a95 * st.factor
             c95 = np.minimum(np.maximum(c50 * st.p95_multiplier, floor), c50 * self.max_multiplier)
         else:
@@ -347,17 +400,18 @@ class CorrectedProfile:
     Has what the planner reads (``id``, ``source``, ``predict_ttft_many``,
     ``predict_ttft_ms``) and delegates everything else to the fitted profile.
     ``state`` is frozen at construction (under ``speed_now``, the machine speed read from
-    the latest engine steps, ``use_speed`` and the plan's ``group``:
+    the latest engine steps, ``use_speed``, the plan's ``group`` and ``residual_band``:
     :meth:`OnlineCorrection.state`), so one plan sees one correction.
     """
 
     def __init__(self, profile: Any, correction: OnlineCorrection, speed_now: float | None = None,
-                 use_speed: bool = True, group: str | None = None) -> None:
+                 use_speed: bool = True, group: str | None = None,
+                 residual_band: bool | None = None) -> None:
         self.profile = profile
         self.id: str = profile.id
         self.source: str = profile.source
         self.correction = correction
-        self.state = correction.state(speed_now, use_speed, group)
+        self.state = correction.state(speed_now, use_speed, group, residual_band)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.profile, name)

@@ -26,8 +26,8 @@ is on. It keeps:
   the steps it ran in, and each plan scales the correction to the speed of the steps just
   run, so a machine that slows down shows in the next plan (``live_speed`` switch).
 
-The pipeline's ``online_correction`` and ``live_speed`` switches are flipped at run time (an
-A/B in one process, ``benchmarks/load.py``), so they are read from the shared
+The pipeline's ``online_correction``, ``live_speed`` and ``residual_band`` switches are flipped
+at run time (an A/B in one process, ``benchmarks/load.py``), so they are read from the shared
 :class:`app.answering.state.AnswerSwitches` on every call, never copied here.
 """
 
@@ -137,6 +137,11 @@ class PlanBands:
         # a batch that holds neither.
         self.admit_lock = threading.Lock()
 
+    def _residual(self) -> bool:
+        """The ``residual_band`` switch now (:mod:`latency_model.correction`; True when the
+        switches predate it)."""
+        return bool(getattr(self._switches, "residual_band", True))
+
     def planner_profile(self, profile: Profile) -> tuple[PrefillBand, CorrectionState | None]:
         """The profile plans use, and its online correction's state (None when off).
 
@@ -153,7 +158,7 @@ class PlanBands:
             use = bool(self._switches.live_speed)
             corrected = CorrectedProfile(band, self.corrections.get(profile.id),
                                          self.live_speed(profile) if use else None, use,
-                                         group_of(band))
+                                         group_of(band), self._residual())
             return corrected, corrected.state
         return band, None
 
@@ -164,7 +169,8 @@ class PlanBands:
         if self._switches.online_correction:
             use = bool(self._switches.live_speed)
             return CorrectedProfile(profile, self.corrections.get(profile.id),
-                                    self.live_speed(profile) if use else None, use, ALONE)
+                                    self.live_speed(profile) if use else None, use, ALONE,
+                                    self._residual())
         return profile
 
     def live_speed(self, profile: Profile, since_t: float | None = None,
@@ -215,10 +221,12 @@ class PlanBands:
         use = bool(self._switches.live_speed)
         correction = self.corrections.get(profile.id) if on else None
         speed = self.live_speed(profile) if on and use else None
+        residual = self._residual()
 
         def price(extra: Sequence[Entry]) -> PrefillBand:
             band = BatchedBand(profile, fit, chunk, decoding, [*prefilling, *extra], budget)
-            return band if correction is None else CorrectedProfile(band, correction, speed, use, BATCHED)
+            return band if correction is None else CorrectedProfile(band, correction, speed, use,
+                                                                     BATCHED, residual)
 
         return price
 
@@ -261,7 +269,8 @@ class PlanBands:
     def correction_state(self, profile_id: str) -> CorrectionState:
         """The online correction of ``profile_id`` as it stands (empty when never fed), at the
         machine speed of the newest answer it learned from (when the ``live_speed`` switch is on)."""
-        return self.corrections.get(profile_id).state(None, bool(self._switches.live_speed))
+        return self.corrections.get(profile_id).state(None, bool(self._switches.live_speed),
+                                                      residual_band=self._residual())
 
     def correction_summary(self, profile: Profile) -> dict[str, Any]:
         """The online correction of ``profile`` as a plan would get it now (at the machine speed
@@ -271,7 +280,7 @@ class PlanBands:
         correction = self.corrections.get(profile.id)
         use = bool(self._switches.live_speed)
         speed_now = self.live_speed(profile) if use else None
-        return {**correction.state(speed_now, use).to_dict(),
+        return {**correction.state(speed_now, use, residual_band=self._residual()).to_dict(),
                 "groups": correction.groups(speed_now, use)}
 
     def learn(self, p: Prepared, stats: GenerationStats | None, prefill_ms: float | None,
@@ -304,7 +313,7 @@ class PlanBands:
         correction.observe(fitted_p50, prefill_ms, p95_now, speed, group_of(fitted))
         use = bool(self._switches.live_speed)
         speed_now = self.live_speed(p.profile) if use else None
-        state = correction.state(speed_now, use)
+        state = correction.state(speed_now, use, residual_band=self._residual())
         self._metrics.correction(state.factor, state.p95_multiplier, state.coverage, state.speed)
         data_dir = self._data_dir()
         if data_dir is None:

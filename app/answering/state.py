@@ -29,6 +29,8 @@ class AnswerSwitches:
 
     ``late_binding``: choose k again when the model is free; ``online_correction``: plan under
     the learned correction; ``live_speed``: scale it to the machine's speed now;
+    ``residual_band``: its p95 from served answers' residuals once there are enough
+    (:mod:`latency_model.correction`), else the earlier fitted-spread floor;
     ``room_for_arrivals``: leave the requests arrived meanwhile room to answer;
     ``prompt_layout``: the order the chosen chunks are shown in (:mod:`app.prompting.layout`);
     ``follow_up_layout``: ``earlier_turn`` (a follow-up continues its earlier turn's exact ids,
@@ -40,6 +42,7 @@ class AnswerSwitches:
     late_binding: bool = True
     online_correction: bool = True
     live_speed: bool = True
+    residual_band: bool = True
     room_for_arrivals: bool = True
     prompt_layout: str = "rank"
     follow_up_layout: str = "earlier_turn"
@@ -52,6 +55,7 @@ class AnswerSwitches:
         return cls(late_binding=bool(settings.late_binding),
                    online_correction=bool(settings.online_correction),
                    live_speed=bool(settings.correction_live_speed),
+                   residual_band=bool(getattr(settings, "correction_residual_band", True)),
                    room_for_arrivals=bool(getattr(settings, "room_for_arrivals", True)),
                    prompt_layout=str(getattr(settings, "prompt_layout", "rank")),
                    follow_up_layout=str(getattr(settings, "follow_up_layout", "earlier_turn")))

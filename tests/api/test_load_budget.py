@@ -307,10 +307,10 @@ def test_conformal_multiplier_covers_the_window() -> None:
     assert p50[0] == pytest.approx(100.0 * st.factor)
 
 
-def test_a_steady_window_never_narrows_p95_below_the_fitted_spread() -> None:
-    """Forty answers measured at exactly 1.5x: the conformal multiplier is 1.0, but the p95
-    keeps the fitted p95/p50 spread (a drifting machine is not exchangeable with the window)."""
-    c = OnlineCorrection("p", window=40, min_samples=5)
+def test_under_the_fitted_floor_rule_a_steady_window_keeps_the_fitted_spread() -> None:
+    """The earlier rule (``residual_band=False``): forty answers measured at exactly 1.5x, the
+    conformal multiplier is 1.0, but the p95 keeps the fitted p95/p50 spread."""
+    c = OnlineCorrection("p", window=40, min_samples=5, residual_band=False)
     for _ in range(40):
         c.observe(100.0, 150.0)
     st = c.state()
