@@ -199,6 +199,8 @@ class GenerationStats:
     error: str | None = None
     usage: dict[str, Any] | None = None
     engine_prompt: dict[str, Any] | None = None
+    #: A remote engine reported its cached-token count (``cached_tokens`` is then its figure).
+    cache_reported: bool = False
 
     @property
     def output_tokens(self) -> int:

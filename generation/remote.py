@@ -38,6 +38,7 @@ import httpx
 
 from foundation.errors import BackendError, InvalidInput, RagBudgetError
 from foundation.hashing import sha256_ints
+from generation.remote_cache import RemotePrefixMemory
 from generation.base import GenerationStats, GenParams, StreamBody, TokenEvent, TokenStream
 from generation.remote_deadline import (
     FirstTokenWatch,
@@ -116,6 +117,7 @@ class RemoteGenerator:
         self.context_window = context_window or self._server_context_window() or DEFAULT_CONTEXT_WINDOW
         self.eos_token_ids: list[int] = sorted({int(i) for i in stop_token_ids or []})
         self._sent_prefixes: OrderedDict[str, None] = OrderedDict()
+        self.prefix_memory = RemotePrefixMemory()
         self._lock = threading.Lock()
         self._prefix_lock = threading.Lock()
         self.max_running = max_running or self._server_slots() or 1
@@ -152,10 +154,22 @@ class RemoteGenerator:
         return TokenStream(lambda stream: self._run(stream, ids, resolved, cancel, messages))
 
     def prefix_cached(self, prefix_ids: list[int]) -> bool:
-        """True when this process already sent ``prefix_ids`` (the server's prefix cache likely holds it)."""
+        """True when this process already sent ``prefix_ids`` (the server's prefix cache likely
+        holds it), unless the engine's reported counts showed it gives no hits
+        (:class:`generation.remote_cache.RemotePrefixMemory`, hit ratio under its minimum)."""
+        ratio = self.prefix_memory.hit_ratio()
+        if ratio is not None and ratio < self.prefix_memory.min_ratio:
+            return False
         key = sha256_ints(list(prefix_ids))
         with self._prefix_lock:
             return key in self._sent_prefixes
+
+    def cached_tokens(self, prompt: list[int], prefix_len: int, chunk: int) -> int:
+        """Tokens of ``prompt`` the server's prefix cache is predicted to serve, learned from the
+        cached-token counts it reported (:meth:`generation.remote_cache.RemotePrefixMemory.predict`;
+        ``prefix_len`` is the scaffold, assumed cached before anything is learned; ``chunk`` is
+        ignored: the server chunks its prefill its own way). In ``[0, len(prompt)]``."""
+        return min(len(prompt), self.prefix_memory.predict(list(prompt), prefix_len))
 
     def warm_prefix(self, prefix_ids: list[int]) -> float:
         """Send ``prefix_ids`` with ``max_tokens=1`` so the server caches it; ms spent (0 in chat mode)."""
@@ -222,6 +236,7 @@ class RemoteGenerator:
         (the request goes out at the first ``next()``), then the server's text chunks; the
         stats set on every path once the request was started."""
         yield None
+        expected = self.prefix_memory.expected(prompt_ids)
         stats = GenerationStats(prompt_tokens=len(prompt_ids), cached_tokens=0,
                                 computed_tokens=len(prompt_ids), output_token_ids=[],
                                 finish_reason="stop", prefill_ms=0.0, first_token_t=None,
@@ -301,6 +316,10 @@ class RemoteGenerator:
             if watch is not None:
                 watch.disarm()
             stats.output_token_ids = self.tokenizer.encode("".join(texts)) if texts else []
+            if stats.first_token_t is not None:  # the server computed (and may cache) this prompt
+                if stats.cache_reported:
+                    self.prefix_memory.observe(expected, stats.cached_tokens)
+                self.prefix_memory.remember(prompt_ids)
             stream.stats = stats
 
     def _timed_out(self, stats: GenerationStats, deadline_t: float | None) -> BackendError:
@@ -327,12 +346,14 @@ class RemoteGenerator:
             cached_n = int(timings["cache_n"])
             if 0 <= cached_n <= stats.prompt_tokens:
                 stats.cached_tokens, stats.computed_tokens = cached_n, stats.prompt_tokens - cached_n
+                stats.cache_reported = True
         usage = obj.get("usage")
         if isinstance(usage, dict):
             stats.usage = usage
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
             if isinstance(cached, int) and 0 <= cached <= stats.prompt_tokens:
                 stats.cached_tokens, stats.computed_tokens = cached, stats.prompt_tokens - cached
+                stats.cache_reported = True
         choices = obj.get("choices") or []
         if not choices:
             return "", None

@@ -16,8 +16,10 @@ released by the admission, or by the caller when the answer ends without one (ca
 refused, failed). What is left unpinned is the moment between the look and the pin (an engine
 step storing a block then may evict one), and the candidates not chosen.
 
-An engine that cannot say (a remote server, a generator without a block cache) gives None:
-the planner then counts the scaffold alone, as before.
+A remote server cannot be asked; its generator predicts from what it sent and from the cached
+counts the server reported (:mod:`generation.remote_cache`: the scaffold alone until four answers
+were learned, nothing when the server gives no hits). A generator without a block cache gives
+None: the planner then counts the scaffold alone, as before.
 """
 
 from __future__ import annotations
@@ -32,17 +34,22 @@ if TYPE_CHECKING:
 
 def cached_per_k(generator: object, full: Prompt) -> tuple[int, ...] | None:
     """``(K + 1,)`` cached tokens of ``full``'s prompt with ``k`` chunks for ``k = 0..K``, or None
-    when ``generator`` has no engine that reports them (see module).
+    when ``generator`` has no engine that reports them (see module). A remote generator answers
+    itself (:meth:`generation.remote.RemoteGenerator.cached_tokens`: predicted from the counts
+    its server reported, :mod:`generation.remote_cache`).
 
     Each count is in ``[0, full.prompt_tokens_for(k)]``: the end of the longest cached chain of
     that prompt's blocks (the whole prompt only when the logits after it are cached too).
     """
+    k_max = len(full.chunk_token_counts)  # K: the candidate prompts are k = 0..K
+    if isinstance(generator, SupportsPrefixLookup):  # a remote engine: learned from its reports
+        return tuple(int(generator.cached_tokens(full.ids_for(k), full.scaffold_len, 1))
+                     for k in range(k_max + 1))
     if not (isinstance(generator, SupportsEngine) and isinstance(generator, SupportsPrefillChunk)):
         return None
     engine, chunk = generator.engine, generator.prefill_chunk
     if not isinstance(engine, SupportsPrefixLookup) or not isinstance(chunk, int) or chunk < 1:
         return None
-    k_max = len(full.chunk_token_counts)  # K: the candidate prompts are k = 0..K
     return tuple(int(engine.cached_tokens(full.ids_for(k), full.scaffold_len, chunk))
                  for k in range(k_max + 1))
 
