@@ -102,9 +102,9 @@ def floors(threads: int, model_dir: Path, gguf: Path) -> dict[str, Any]:
 
     torch.set_num_threads(threads)
     big = torch.ones(1 << 28)  # 1 GiB fp32
-    read_ms = _median_ms(lambda: big.sum(), 5)
+    read_ms = _median_ms(big.sum, 5)
     read_gb_s = big.numel() * 4 / read_ms / 1e6
-    del big
+    big = torch.empty(0)
     n = 2048
     a, b = torch.randn(n, n), torch.randn(n, n)
     ab, bb = a.bfloat16(), b.bfloat16()
@@ -227,13 +227,16 @@ def matrix(args: Any) -> int:
             out[f"tpot_{k}"] = statistics.median(g.step_ms(0, 0, [args.context] * k) for _ in range(5))
         return out
 
-    with NativeLlamaServer(gguf, log, alias="smollm2", n_ctx=4 * 2048, threads=args.threads,
-                           parallel=4) as server:
-        torch.set_num_threads(args.threads)
+    def hf_cells() -> dict[str, float]:
+        torch.set_num_threads(args.threads)  # the local engines set theirs on the compute thread
+        return _hf_cells(hf, ids, prompts, args.context)
+
+    server = NativeLlamaServer(gguf, log, alias="smollm2", n_ctx=4 * 2048, threads=args.threads,
+                               parallel=4)
+    with server:
         runners: dict[str, Any] = {f"local {p}": (lambda g=g: local_cells(g)) for p, g in locals_.items()}
         runners["llama.cpp"] = lambda: _llama_cells(server.root_url, ids, prompts, args.context, 0)
-        runners["transformers fp32"] = lambda: (torch.set_num_threads(args.threads),
-                                                _hf_cells(hf, ids, prompts, args.context))[1]
+        runners["transformers fp32"] = hf_cells
         for fn in runners.values():  # warm-up, untimed
             fn()
         names = list(runners)

@@ -140,7 +140,8 @@ class Int8Linear(torch.nn.Module):
         x2 = x.reshape(-1, k).float()  # (M, K)
         xq, xs = quantize_rows(x2)  # (M, K) int8, (M, 1) fp32
         acc = torch._int_mm(xq, self.weight.t())  # (M, N) int32, exact
-        y = acc.to(torch.float32).mul_(xs).mul_(self.w_scale)  # (M, N) fp32
+        w_scale: torch.Tensor = self.w_scale  # type: ignore[assignment]  # (1, N), a buffer
+        y = acc.to(torch.float32).mul_(xs).mul_(w_scale)  # (M, N) fp32
         if isinstance(self.bias, torch.Tensor):
             y = y + self.bias  # (N,) fp32
         return y.reshape(*lead, self.out_features)
