@@ -6,6 +6,7 @@ never imports torch.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -65,16 +66,33 @@ QMAX = 127
 
 
 def quantize_rows(x: Any) -> tuple[Any, Any]:
-    """Symmetric per-row int8 quantisation of ``x (M, K)`` float32.
+    """Symmetric per-row int8 quantisation of ``x (..., K)`` float32 (a row: the last dim).
 
-    Returns ``(q (M, K) int8, scale (M, 1) float32)`` with ``x ~= q * scale``, ``scale =
-    max|x_row| / 127`` (a row of zeros gets scale 1 and q = 0). Every operation is row-wise
-    (a max, a division, a rounding), so a row's ``q`` and ``scale`` depend on that row alone.
+    Returns ``(q (..., K) int8, scale (..., 1) float32)`` with ``x ~= q * scale``, ``scale =
+    max|x_row| / 127`` (a row of zeros gets a tiny scale and q = 0). Every operation is
+    row-wise (a max, a division, a rounding), so a row's ``q`` and ``scale`` depend on that
+    row alone.
     """
-    amax = x.abs().amax(dim=1, keepdim=True)  # (M, 1)
-    scale = torch.where(amax > 0, amax / QMAX, torch.ones_like(amax))  # (M, 1)
-    q = torch.round(x / scale).clamp_(-QMAX, QMAX).to(torch.int8)  # (M, K)
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-30).div_(QMAX)  # (..., 1)
+    q = torch.round(x / scale).clamp_(-QMAX, QMAX).to(torch.int8)  # (..., K)
     return q, scale
+
+
+#: The last input an :class:`Int8Linear` quantised on this thread, and its quantisation: q/k/v
+#: (and gate/up) are called one after another with the same input tensor object, so it is
+#: quantised once for them. Reuse is a pure function of the input (the same ``q`` and scale as
+#: recomputing), so it changes no bits; it assumes, as transformers' decoders do, that a
+#: layer's input is not modified in place between two projections of it.
+_LAST = threading.local()
+
+
+def _quantized_input(x: Any) -> tuple[Any, Any]:
+    """:func:`quantize_rows` of ``x (M, K)``, reused when ``x`` is the tensor quantised last."""
+    if getattr(_LAST, "x", None) is x:
+        return _LAST.q, _LAST.s
+    q, s = quantize_rows(x)
+    _LAST.x, _LAST.q, _LAST.s = x, q, s
+    return q, s
 
 
 def int8_kernel_exact(k: int = 1536, n: int = 64, m: int = 5) -> bool:
@@ -137,11 +155,11 @@ class Int8Linear(torch.nn.Module):
     def forward(self, x: Any) -> Any:
         """See the class docstring."""
         lead, k = x.shape[:-1], int(x.shape[-1])
-        x2 = x.reshape(-1, k).float()  # (M, K)
-        xq, xs = quantize_rows(x2)  # (M, K) int8, (M, 1) fp32
-        acc = torch._int_mm(xq, self.weight.t())  # (M, N) int32, exact
+        # (..., K) int8, (..., 1) fp32; quantised once for q/k/v and for gate/up (same x)
+        xq, xs = _quantized_input(x if x.dtype == torch.float32 else x.float())
+        acc = torch._int_mm(xq.reshape(-1, k), self.weight.t())  # (M, N) int32, exact
         w_scale: torch.Tensor = self.w_scale  # type: ignore[assignment]  # (1, N), a buffer
-        y = acc.to(torch.float32).mul_(xs).mul_(w_scale)  # (M, N) fp32
+        y = acc.to(torch.float32).mul_(xs.reshape(-1, 1)).mul_(w_scale)  # (M, N) fp32
         if isinstance(self.bias, torch.Tensor):
             y = y + self.bias  # (N,) fp32
         return y.reshape(*lead, self.out_features)
