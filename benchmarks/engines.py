@@ -93,9 +93,9 @@ def floors(threads: int, model_dir: Path, gguf: Path) -> dict[str, Any]:
     * ``decode_bytes``: bytes of weights one decode step reads per precision (every linear
       layer's weight, the tied LM head included; the embedding row and norms are negligible);
       llama.cpp: the GGUF's size. ``decode_floor_ms`` = bytes / bandwidth.
-    * ``prefill_flops(n)``: ``2 * n * linear params`` + attention ``4 * n * (n + 1) / 2 *
-      hidden * layers`` (causal QK^T and PV); ``prefill_floor_ms`` at each precision's peak
-      (attention at fp32's).
+    * ``prefill_flops(n)``: ``2 * n * (linear params - LM head)`` + ``2 * LM head`` (one
+      logits row) + attention ``4 * n * (n + 1) / 2 * hidden * layers`` (causal QK^T and PV);
+      ``prefill_floor_ms`` at each precision's peak (attention at fp32's).
     """
     import torch
     import torch.nn.functional as F
@@ -127,7 +127,7 @@ def floors(threads: int, model_dir: Path, gguf: Path) -> dict[str, Any]:
     for p in ("fp32", "bf16", "int8"):
         out["prefill_floor_ms"][p] = {}
     for tokens in (600, 1500):
-        lin = 2 * tokens * linear_params
+        lin = 2 * tokens * (linear_params - h * vocab) + 2 * h * vocab
         att = 4 * tokens * (tokens + 1) / 2 * heads * hd * layers
         for p in ("fp32", "bf16", "int8"):
             out["prefill_floor_ms"][p][tokens] = lin / peak[p] / 1e6 + att / peak["fp32"] / 1e6
@@ -297,11 +297,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--matrix", action="store_true", help="raw speed of every engine and precision "
                     "(prefill tokens/s, TPOT at 1 and 4 answers) plus physical floors")
+    ap.add_argument("--floors-only", action="store_true", help="only the physical floors (floors())")
     ap.add_argument("--precisions", default="fp32,bf16,int8")
     ap.add_argument("--prompts", default="600,1500")
     ap.add_argument("--context", type=int, default=600)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
+    if args.floors_only:
+        from generation.assets import ensure_packaged_generator, packaged_gguf_path
+
+        fl = floors(args.threads, ensure_packaged_generator(REPO / "ragbudget-data"), packaged_gguf_path())
+        fl.update(cpu=cpu_model(), cores=os.cpu_count(), threads=args.threads, loadavg=os.getloadavg(),
+                  utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        print(json.dumps(fl, indent=1))
+        if args.json:
+            args.json.write_text(json.dumps(fl, indent=1))
+        return 0
     if args.matrix:
         return matrix(args)
 
