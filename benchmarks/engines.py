@@ -38,6 +38,7 @@ and a prompt's FLOPs over the measured GEMM peak of each precision (:func:`floor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -233,10 +234,12 @@ def matrix(args: Any) -> int:
 
     server = NativeLlamaServer(gguf, log, alias="smollm2", n_ctx=4 * 2048, threads=args.threads,
                                parallel=4)
-    with server:
+    with server if not args.no_llama else contextlib.nullcontext():
         runners: dict[str, Any] = {f"local {p}": (lambda g=g: local_cells(g)) for p, g in locals_.items()}
-        runners["llama.cpp"] = lambda: _llama_cells(server.root_url, ids, prompts, args.context, 0)
-        runners["transformers fp32"] = hf_cells
+        if not args.no_llama:
+            runners["llama.cpp"] = lambda: _llama_cells(server.root_url, ids, prompts, args.context, 0)
+        if not args.no_transformers:
+            runners["transformers fp32"] = hf_cells
         for fn in runners.values():  # warm-up, untimed
             fn()
         names = list(runners)
@@ -298,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--matrix", action="store_true", help="raw speed of every engine and precision "
                     "(prefill tokens/s, TPOT at 1 and 4 answers) plus physical floors")
     ap.add_argument("--floors-only", action="store_true", help="only the physical floors (floors())")
+    ap.add_argument("--no-llama", action="store_true", help="--matrix without llama.cpp's server "
+                    "(its idle threads poll and take CPU from the other engines)")
+    ap.add_argument("--no-transformers", action="store_true", help="--matrix without plain transformers")
     ap.add_argument("--precisions", default="fp32,bf16,int8")
     ap.add_argument("--prompts", default="600,1500")
     ap.add_argument("--context", type=int, default=600)
