@@ -139,7 +139,7 @@ class LocalGenerator:
         model_dir = Path(model_dir)
         self.device, self.dtype = resolve_device_dtype(device, dtype)
         check_precision(precision, self.device, self.dtype, tile_rows)
-        if precision == "int8":
+        if precision in ("int8", "int8a16"):
             compute_call(check_int8_kernel)  # torch._int_mm present and exact, or InvalidConfig
         self.precision = precision_label(precision, tile_rows)
         # int8 steps run unpadded: its GEMMs are exact whatever the row count

@@ -32,6 +32,11 @@ the CPU's VNNI dot products (``avx512_vnni``, ``avx_vnni`` or ``amx_int8``; with
 oneDNN's int8 path goes through ``vpmaddubsw``, whose int16 sums saturate and are not exact)
 and a ``torch._int_mm`` that returns the exact product (probed at load,
 :func:`check_int8_kernel`).
+
+``int8a16`` is int8 with each activation row in two int8 passes (the row's int8 values, then
+its rounding residue at 1/254 of a step, ~15 bits; ``Int8Linear(act_passes=2)``): twice the
+GEMMs, the same exactness, and the quality of int8 weights alone (docs/precision.md: w8a8
+fails the quality guard, w8a16 passes its NLL part).
 """
 
 from __future__ import annotations
@@ -42,7 +47,10 @@ from typing import Any
 from foundation.errors import InvalidConfig
 
 #: The precisions the local engine offers (``RAGBUDGET_GENERATOR_PRECISION``).
-PRECISIONS = ("fp32", "bf16", "int8")
+PRECISIONS = ("fp32", "bf16", "int8", "int8a16")
+#: The integer precisions: ``int8`` (w8a8) and ``int8a16`` (int8 weights, each activation row
+#: in two int8 passes, ~15 bits; twice the GEMMs, exact sums too).
+INT8_PRECISIONS = ("int8", "int8a16")
 #: Rows per bf16 GEMM tile: 128 measured invariant for M = 1..264 and 2.0-2.8x fp32 per GEMM at
 #: 256 rows on the 2-core Xeon of docs/precision.md (``T`` = 256 is faster still at 256+ rows
 #: but costs twice the work of a 1-answer decode step).
@@ -51,8 +59,9 @@ DEFAULT_TILE_ROWS = 128
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 #: ``/proc/cpuinfo`` flags of non-saturating int8 dot products (VNNI ``vpdpbusd`` or AMX), any one.
 INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
-#: The name int8 goes by (weights and activations both int8, int32 accumulation).
+#: The names the integer precisions go by (int32 accumulation).
 INT8_LABEL = "int8-w8a8"
+INT8A16_LABEL = "int8-w8a16"
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -81,6 +90,8 @@ def precision_label(precision: str, tile_rows: int = DEFAULT_TILE_ROWS) -> str:
     ``int8-w8a8`` (:data:`INT8_LABEL`; int8 has no tiles)."""
     if precision == "int8":
         return INT8_LABEL
+    if precision == "int8a16":
+        return INT8A16_LABEL
     return "fp32" if precision == "fp32" else f"{precision}-tile{tile_rows}"
 
 
@@ -88,7 +99,7 @@ def pads_rows(precision: str) -> bool:
     """Whether the engine pads a step's rows (``padded_rows``) in ``precision``: True for fp32
     (MKL sgemm picks kernels by row count) and bf16 (kept as measured), False for int8 (exact
     integer GEMMs, row-wise everything else; :mod:`generation.tiled_linear`)."""
-    return precision != "int8"
+    return precision not in INT8_PRECISIONS
 
 
 def check_int8_kernel() -> None:
@@ -135,9 +146,9 @@ def check_precision(precision: str, device: str, dtype: str, tile_rows: int = DE
     if dtype != "float32":
         raise InvalidConfig(f"generator_precision={precision} converts an fp32 model's linear layers; "
                             f"generator_dtype={dtype} must be float32 (or auto)", field="generator_precision")
-    if precision == "int8":
+    if precision in INT8_PRECISIONS:
         if not int8_supported(flags):
-            raise InvalidConfig(f"generator_precision=int8 needs a CPU with {' or '.join(INT8_FLAGS)} "
+            raise InvalidConfig(f"generator_precision={precision} needs a CPU with {' or '.join(INT8_FLAGS)} "
                                 "(not in /proc/cpuinfo flags); use generator_precision=fp32",
                                 field="generator_precision")
         return
@@ -174,5 +185,6 @@ def apply_precision(model: Any, precision: str, tile_rows: int = DEFAULT_TILE_RO
     for name, mod in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, Int8Linear(mod) if precision == "int8" else TiledBF16Linear(mod, tile_rows))
+        setattr(parent, attr, Int8Linear(mod, 2 if precision == "int8a16" else 1)
+                if precision in INT8_PRECISIONS else TiledBF16Linear(mod, tile_rows))
     return len(targets)

@@ -95,6 +95,21 @@ def _quantized_input(x: Any) -> tuple[Any, Any]:
     return q, s
 
 
+#: Steps of the second activation pass per first-pass step (``act_passes=2``): the residue in
+#: [-0.5, 0.5] maps to -127..127.
+RESIDUAL_STEPS = 254
+
+
+def _residual_input(x: Any, xq: Any, xs: Any) -> Any:
+    """``round((x / xs - xq) * 254)`` as int8 (``(..., K)``), reused for the tensor ``x`` quantised
+    last (q/k/v, gate/up share it, as :func:`_quantized_input`)."""
+    if getattr(_LAST, "rx", None) is x:
+        return _LAST.r
+    r = torch.round((x / xs - xq) * RESIDUAL_STEPS).clamp_(-QMAX, QMAX).to(torch.int8)
+    _LAST.rx, _LAST.r = x, r
+    return r
+
+
 def int8_kernel_exact(k: int = 1536, n: int = 64, m: int = 5) -> bool:
     """True when ``torch._int_mm`` exists on this CPU build and returns the exact int32 product.
 
@@ -126,6 +141,9 @@ class Int8Linear(torch.nn.Module):
         linear: the ``nn.Linear`` (weight ``(N, K)``) it replaces. Its weight is quantised
             here, once, per output channel: ``W[n] ~= Wq[n] * w_scale[n]``, symmetric int8,
             ``w_scale[n] = max|W[n]| / 127``. The bias (if any) is kept in fp32.
+        act_passes: 1 (w8a8) or 2: each activation row also as its rounding residue
+            ``round((x / x_scale - xq) * 254)`` in a second exact int8 GEMM, added as
+            ``acc + acc2 / 254`` in fp32 (activations to ~15 bits; ``int8a16``).
 
     ``forward(x)``: ``x (..., K)`` float32 -> ``(..., N)`` float32. Each row of ``x`` is
     quantised on its own (:func:`quantize_rows`, dynamic), multiplied by ``Wq.T`` with
@@ -141,9 +159,10 @@ class Int8Linear(torch.nn.Module):
     exactness).
     """
 
-    def __init__(self, linear: Any) -> None:
+    def __init__(self, linear: Any, act_passes: int = 1) -> None:
         super().__init__()
         self.in_features, self.out_features = int(linear.in_features), int(linear.out_features)
+        self.act_passes = int(act_passes)
         w = linear.weight.detach().float()  # (N, K)
         q, scale = quantize_rows(w)  # per output channel = per row of W
         # a frozen parameter (not a buffer), so ``model.num_parameters()`` still counts it
@@ -159,7 +178,14 @@ class Int8Linear(torch.nn.Module):
         xq, xs = _quantized_input(x if x.dtype == torch.float32 else x.float())
         acc = torch._int_mm(xq.reshape(-1, k), self.weight.t())  # (M, N) int32, exact
         w_scale: torch.Tensor = self.w_scale  # type: ignore[assignment]  # (1, N), a buffer
-        y = acc.to(torch.float32).mul_(xs.reshape(-1, 1)).mul_(w_scale)  # (M, N) fp32
+        y = acc.to(torch.float32)  # (M, N)
+        if self.act_passes == 2:
+            # the rounding residue of each row, x / x_scale - xq in [-0.5, 0.5], as a second
+            # int8 operand at 1/254 of the step: activations to ~15 bits, still exact sums
+            r = _residual_input(x if x.dtype == torch.float32 else x.float(), xq, xs)
+            acc2 = torch._int_mm(r.reshape(-1, k), self.weight.t())  # (M, N) int32, exact
+            y = y.add_(acc2.to(torch.float32).div_(RESIDUAL_STEPS))
+        y = y.mul_(xs.reshape(-1, 1)).mul_(w_scale)  # (M, N) fp32
         if isinstance(self.bias, torch.Tensor):
             y = y + self.bias  # (N,) fp32
         return y.reshape(*lead, self.out_features)

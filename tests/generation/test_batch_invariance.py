@@ -77,9 +77,10 @@ def _paragraphs(deb: Path, tmp: Path) -> list[str]:
 @pytest.fixture(scope="module", params=["fp32", pytest.param("bf16", marks=pytest.mark.skipif(
     not bf16_supported() or os.environ.get("RAGBUDGET_INVARIANCE_DEVICE", "cpu") != "cpu",
     reason="bf16 precision needs the CPU device and avx512_bf16 or amx_bf16 (/proc/cpuinfo flags)")),
-    pytest.param("int8", marks=pytest.mark.skipif(
+    *[pytest.param(p, marks=pytest.mark.skipif(
         not int8_supported() or os.environ.get("RAGBUDGET_INVARIANCE_DEVICE", "cpu") != "cpu",
-        reason="int8 precision needs the CPU device and avx512_vnni, avx_vnni or amx_int8"))])
+        reason="int8 precisions need the CPU device and avx512_vnni, avx_vnni or amx_int8"))
+      for p in ("int8", "int8a16")]])
 def gen(request: pytest.FixtureRequest, smollm_dir: Path, smollm_tokenizer: Any) -> Iterator[Any]:
     import torch
 

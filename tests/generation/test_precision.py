@@ -60,6 +60,7 @@ def test_the_profile_key_names_the_precision_and_keeps_fp32_keys_unchanged() -> 
     assert profile_dtype({**base, "precision": precision_label("fp32")}) == "float32"
     assert profile_dtype({**base, "precision": precision_label("bf16", 128)}) == "float32/bf16-tile128"
     assert profile_dtype({**base, "precision": precision_label("int8", 128)}) == "float32/int8-w8a8"
+    assert profile_dtype({**base, "precision": precision_label("int8a16", 128)}) == "float32/int8-w8a16"
 
 
 def test_int8_is_refused_without_vnni_off_the_cpu_and_on_a_non_fp32_model() -> None:
@@ -122,9 +123,10 @@ def _rows_differ(op: Any, x: Any) -> tuple[list[int], list[int], Any]:
 
 
 @needs_int8
+@pytest.mark.parametrize("passes", [1, 2], ids=["w8a8", "w8a16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
 def test_int8_rows_have_the_same_bits_alone_and_in_any_batch_without_padding(
-        shape: tuple[str, int, int]) -> None:
+        shape: tuple[str, int, int], passes: int) -> None:
     import torch
 
     from generation.tiled_linear import Int8Linear
@@ -134,7 +136,7 @@ def test_int8_rows_have_the_same_bits_alone_and_in_any_batch_without_padding(
     lin = torch.nn.Linear(k, n, bias=False)
     with torch.no_grad():
         lin.weight.copy_(torch.randn(n, k, generator=g) * 0.05)
-    op = Int8Linear(lin)
+    op = Int8Linear(lin, passes)
     x = torch.randn(300, k, generator=g) * torch.rand(300, 1, generator=g) * 4  # rows of other scales
     differ, alone, ref = _rows_differ(op, x)
     assert differ == [] and alone == [], f"row counts {differ} / rows alone {alone} changed bits"
@@ -142,11 +144,12 @@ def test_int8_rows_have_the_same_bits_alone_and_in_any_batch_without_padding(
     # and it is the quantised product it claims to be: close to fp32 (per-row error bound)
     exact = x @ lin.weight.detach().T  # (300, N)
     err = (ref - exact).abs().amax(dim=1) / exact.abs().amax(dim=1)
-    assert float(err.max()) < 0.05, f"int8 relative error {float(err.max()):.3f}"
+    assert float(err.max()) < (0.05 if passes == 1 else 0.02), f"int8 relative error {float(err.max()):.3f}"
 
 
 @needs_int8
-def test_a_whole_int8_mlp_block_has_the_same_bits_in_any_batch() -> None:
+@pytest.mark.parametrize("precision", ["int8", "int8a16"])
+def test_a_whole_int8_mlp_block_has_the_same_bits_in_any_batch(precision: str) -> None:
     """SmolLM2's post-attention half of a layer (RMSNorm, gate/up, SiLU x up, down, residual)
     with int8 linears: the row-wise fp32 ops between the GEMMs keep rows independent too."""
     import torch
@@ -166,7 +169,7 @@ def test_a_whole_int8_mlp_block_has_the_same_bits_in_any_batch() -> None:
             return x + self.mlp(self.norm(x))
 
     block = Block().eval()
-    assert apply_precision(block, "int8") == 3
+    assert apply_precision(block, precision) == 3
     x = torch.randn(300, 576) * 2
     differ, alone, _ = _rows_differ(block, x)
     assert differ == [] and alone == [], f"row counts {differ} / rows alone {alone} changed bits"
@@ -296,8 +299,9 @@ def _step_logits(gen: Any, decode: list[tuple[int, int]], prefill: int) -> Any:
 
 @pytest.mark.slow
 @needs_int8
+@pytest.mark.parametrize("precision", ["int8", "int8a16"])
 def test_int8_engine_logits_rows_are_identical_alone_and_in_unpadded_steps(
-        smollm_dir: Path, smollm_tokenizer: Any) -> None:
+        smollm_dir: Path, smollm_tokenizer: Any, precision: str) -> None:
     import torch
 
     from generation.local import LocalGenerator
@@ -305,7 +309,8 @@ def test_int8_engine_logits_rows_are_identical_alone_and_in_unpadded_steps(
     before = torch.get_num_threads()
     try:
         gen = LocalGenerator(smollm_dir, tokenizer=smollm_tokenizer, device="cpu", threads=2,
-                             precision="int8")
+                             precision=precision)
+        assert gen.identity["engine"]["row_padding"] == "none"
         answers = [(100 + 37 * i, 1000 + 611 * i) for i in range(8)]  # (context, next token)
         alone = [_step_logits(gen, [a], 0)[0] for a in answers]  # (vocab,) each, a 1-row step
         prefill_alone = _step_logits(gen, [], 57)[-1]
