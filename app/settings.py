@@ -108,11 +108,14 @@ class Settings(BaseSettings):
                                       "has none).")
     generator_device: Literal["auto", "cpu", "cuda"] = "auto"
     generator_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    generator_precision: Literal["fp32", "bf16"] = Field(
+    generator_precision: Literal["fp32", "bf16", "int8", "int8a16"] = Field(
         "fp32", description="Local engine on CPU: compute precision of the linear layers. bf16 runs "
         "them as bf16 GEMMs of a fixed row count (generator_tile_rows; batch-invariant, weights "
         "converted once at load; norms, attention and sampling stay fp32) and needs a CPU with "
-        "avx512_bf16 or amx_bf16 (refused at start otherwise). Part of the generator identity: "
+        "avx512_bf16 or amx_bf16 (refused at start otherwise). int8 (w8a8) quantises weights per "
+        "output channel and activations per row, int8 GEMMs with exact int32 sums (batch-invariant "
+        "without row padding; int8a16 takes each activation row in two int8 passes, ~15 bits, for "
+        "quality); needs avx512_vnni, avx_vnni or amx_int8. Part of the generator identity: "
         "receipts, the prefix cache and the latency profile are per precision (docs/precision.md).")
     generator_tile_rows: int = Field(128, ge=1, le=4096, description="Local engine, bf16: rows per "
                                      "GEMM tile (recorded in the precision's name, e.g. bf16-tile128).")

@@ -1,4 +1,4 @@
-"""Quality guard of the local engine's bf16 precision against fp32 (docs/precision.md).
+"""Quality guard of the local engine's bf16 and int8 precisions against fp32 (docs/precision.md).
 
 Two measures, same model (the packaged SmolLM2-135M-Instruct), same machine, one run:
 
@@ -7,14 +7,16 @@ Two measures, same model (the packaged SmolLM2-135M-Instruct), same machine, one
   retrieval-quality set) asked as "What is <term> in PostgreSQL?" with the real prompt (the
   default scaffold, then the start of the term's first indexed page as one chunk, then the
   question; :class:`app.prompting.prompt.PromptBuilder`), answered greedily to ``--max-new`` tokens by
-  the engine in fp32 and in bf16. Reported: answers identical token for token, and the mean
-  share of the answer before the first differing token.
+  the engine in fp32 and in each other precision of ``--precisions`` (bf16, int8). Reported,
+  per precision against fp32: answers identical token for token, and the mean share of the
+  answer before the first differing token.
 * **Log-likelihood**: mean per-token negative log-likelihood (nats) of held-out corpus text
   (``--nll-pages``, pages not in the question set), windows of ``--window`` tokens, the
-  model's full forward (transformers' SDPA attention) in fp32 and with the same tiled bf16
-  linear layers (:func:`generation.precision.apply_precision`).
+  model's full forward (transformers' SDPA attention) in fp32 and with the same linear layers
+  as the engine's precision (:func:`generation.precision.apply_precision`).
 
     flock /tmp/ragbudget-cpu.lock .venv/bin/python -m benchmarks.precision_quality --json out.json
+    flock /tmp/ragbudget-cpu.lock .venv/bin/python -m benchmarks.precision_quality --precisions fp32,int8
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ def _agreement(a: list[int], b: list[int]) -> float:
 
 
 def greedy(gens: dict[str, Any], corpus: Path, n: int, max_new: int) -> dict[str, Any]:
-    """Greedy answers of each generator to the first ``n`` book-index questions."""
+    """Greedy answers of each generator to the first ``n`` book-index questions, each compared
+    with the first generator's (fp32): ``{name: {identical, mean_agreement, differing}}`` plus
+    the shared counts."""
     from app.prompting.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
     from generation.base import GenParams
     from retrieval.bookindex import parse_bookindex
@@ -64,18 +68,23 @@ def greedy(gens: dict[str, Any], corpus: Path, n: int, max_new: int) -> dict[str
         for name, g in gens.items():  # interleaved, one question at a time
             out[name].append([e.token_id for e in g.stream(prompt.ids, params=params)])
     names = list(gens)
-    a, b = out[names[0]], out[names[1]]
-    agree = [_agreement(x, y) for x, y in zip(a, b, strict=True)]
-    return {"questions": len(items), "max_new_tokens": max_new,
-            "identical": sum(x == y for x, y in zip(a, b, strict=True)),
-            "mean_agreement": sum(agree) / max(1, len(agree)),
-            "differing": [{"question": items[i][0], names[0]: first.tokenizer.decode(a[i]),
-                           names[1]: first.tokenizer.decode(b[i])}
-                          for i in range(len(items)) if a[i] != b[i]]}
+    res: dict[str, Any] = {"questions": len(items), "max_new_tokens": max_new}
+    a = out[names[0]]
+    for name in names[1:]:
+        b = out[name]
+        agree = [_agreement(x, y) for x, y in zip(a, b, strict=True)]
+        res[name] = {"identical": sum(x == y for x, y in zip(a, b, strict=True)),
+                     "mean_agreement": sum(agree) / max(1, len(agree)),
+                     "differing": [{"question": items[i][0], names[0]: first.tokenizer.decode(a[i]),
+                                    name: first.tokenizer.decode(b[i])}
+                                   for i in range(len(items)) if a[i] != b[i]]}
+    return res
 
 
-def nll(model_dir: Path, corpus: Path, pages: list[str], window: int, threads: int) -> dict[str, Any]:
-    """Mean per-token NLL (nats) of ``pages``' text in fp32 and tiled bf16."""
+def nll(model_dir: Path, corpus: Path, pages: list[str], window: int, threads: int,
+        precisions: tuple[str, ...] = ("fp32", "bf16")) -> dict[str, Any]:
+    """Mean per-token NLL (nats) of ``pages``' text in each of ``precisions`` (the first is the
+    reference: ``nll_diff``/``nll_rel_diff`` per other precision)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -89,7 +98,7 @@ def nll(model_dir: Path, corpus: Path, pages: list[str], window: int, threads: i
         ids += tok(html_to_text((corpus / p).read_bytes()))["input_ids"]
     windows = [ids[i:i + window] for i in range(0, len(ids) - window + 1, window)]
     res: dict[str, Any] = {"pages": pages, "tokens": len(windows) * (window - 1), "window": window}
-    for precision in ("fp32", "bf16"):
+    for precision in precisions:
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
                                                      attn_implementation="sdpa").eval()
         apply_precision(model, precision)
@@ -102,8 +111,10 @@ def nll(model_dir: Path, corpus: Path, pages: list[str], window: int, threads: i
                 total -= float(lp.sum())
                 count += int(lp.numel())
         res[precision] = {"mean_nll": total / count, "perplexity": math.exp(total / count)}
-    res["nll_diff"] = res["bf16"]["mean_nll"] - res["fp32"]["mean_nll"]
-    res["nll_rel_diff"] = res["nll_diff"] / res["fp32"]["mean_nll"]
+    ref = res[precisions[0]]["mean_nll"]
+    for precision in precisions[1:]:
+        res[precision]["nll_diff"] = res[precision]["mean_nll"] - ref
+        res[precision]["nll_rel_diff"] = res[precision]["nll_diff"] / ref
     return res
 
 
@@ -117,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--precisions", default="fp32,bf16", help="the first is the reference")
     a = ap.parse_args(argv)
+    precisions = tuple(a.precisions.split(","))
 
     from generation.assets import ensure_packaged_generator
     from generation.local import LocalGenerator
@@ -128,19 +141,21 @@ def main(argv: list[str] | None = None) -> int:
     corpus = Path(fetch_postgres_docs(a.data_dir, "15.20", search_dirs=[CORPORA]).path)
     model_dir = ensure_packaged_generator(REPO / "ragbudget-data")
     gens = {p: LocalGenerator(model_dir, device="cpu", threads=a.threads, precision=p)
-            for p in ("fp32", "bf16")}
+            for p in precisions}
     res: dict[str, Any] = {"machine": machine_line(),
                            "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     res["greedy"] = greedy(gens, corpus, a.questions, a.max_new)
     g = res["greedy"]
-    print(f"greedy: {g['identical']}/{g['questions']} answers identical over {g['max_new_tokens']} tokens, "
-          f"mean agreement {g['mean_agreement']:.3f}", file=sys.stderr)
+    for p in precisions[1:]:
+        print(f"greedy {p}: {g[p]['identical']}/{g['questions']} answers identical to {precisions[0]} over "
+              f"{g['max_new_tokens']} tokens, mean agreement {g[p]['mean_agreement']:.3f}", file=sys.stderr)
     del gens
-    res["nll"] = nll(model_dir, corpus, a.nll_pages.split(","), a.window, a.threads)
+    res["nll"] = nll(model_dir, corpus, a.nll_pages.split(","), a.window, a.threads, precisions)
     n = res["nll"]
-    print(f"nll over {n['tokens']} tokens: fp32 {n['fp32']['mean_nll']:.4f}, "
-          f"bf16 {n['bf16']['mean_nll']:.4f} "
-          f"(diff {n['nll_diff']:+.4f} nats, {100 * n['nll_rel_diff']:+.2f} %)", file=sys.stderr)
+    for p in precisions[1:]:
+        print(f"nll over {n['tokens']} tokens: {precisions[0]} {n[precisions[0]]['mean_nll']:.4f}, "
+              f"{p} {n[p]['mean_nll']:.4f} "
+              f"(diff {n[p]['nll_diff']:+.4f} nats, {100 * n[p]['nll_rel_diff']:+.2f} %)", file=sys.stderr)
     res["wall_s"] = time.perf_counter() - t0
     print(json.dumps(res, indent=1))
     if a.json:

@@ -40,7 +40,14 @@ from generation.engine.messages import Admitted, Finished, StepRecord
 from generation.engine.request import Request
 from generation.engine.scheduler import MIN_ROWS, ROW_MULTIPLE, schedule
 from generation.packed_attention import ATTN_NAME, register_packed_attention
-from generation.precision import DEFAULT_TILE_ROWS, apply_precision, check_precision, precision_label
+from generation.precision import (
+    DEFAULT_TILE_ROWS,
+    apply_precision,
+    check_int8_kernel,
+    check_precision,
+    pads_rows,
+    precision_label,
+)
 from generation.sampling import select_token
 from retrieval.tokens import HFTextTokenizer, TextTokenizer
 
@@ -102,9 +109,10 @@ class LocalGenerator:
         prefill_chunk: prefill chunk size in tokens; chunk boundaries are a pure function of
             the prompt and this number, recorded in ``identity["engine"]`` (receipts), and a
             replay passes the recorded value back (``stream(prefill_chunk=...)``).
-        precision: compute precision of the linear layers, ``fp32`` or ``bf16`` (fixed-tile
-            bf16 GEMMs, :mod:`generation.precision`), recorded in ``identity["precision"]``
-            and ``identity["engine"]["precision"]`` as ``fp32`` or ``bf16-tile<T>``.
+        precision: compute precision of the linear layers, ``fp32``, ``bf16`` (fixed-tile
+            bf16 GEMMs) or ``int8`` (w8a8, exact int32 accumulation, steps unpadded;
+            :mod:`generation.precision`), recorded in ``identity["precision"]`` and
+            ``identity["engine"]["precision"]`` as ``fp32``, ``bf16-tile<T>`` or ``int8-w8a8``.
         tile_rows: rows per bf16 GEMM tile (``T``; ignored in fp32).
 
     Raises:
@@ -131,7 +139,11 @@ class LocalGenerator:
         model_dir = Path(model_dir)
         self.device, self.dtype = resolve_device_dtype(device, dtype)
         check_precision(precision, self.device, self.dtype, tile_rows)
+        if precision in ("int8", "int8a16"):
+            compute_call(check_int8_kernel)  # torch._int_mm present and exact, or InvalidConfig
         self.precision = precision_label(precision, tile_rows)
+        # int8 steps run unpadded: its GEMMs are exact whatever the row count
+        self.pad_rows = pads_rows(precision) or self.device != "cpu"
         self.threads = threads
         register_packed_attention()
 
@@ -176,7 +188,8 @@ class LocalGenerator:
             "engine": {"kind": "continuous-batching", "prefill_chunk": prefill_chunk,
                        "precision": self.precision,
                        "row_padding": (f"fixed:{fixed_rows}" if fixed_rows
-                                       else f"min{MIN_ROWS}x{ROW_MULTIPLE}")},
+                                       else f"min{MIN_ROWS}x{ROW_MULTIPLE}" if self.pad_rows
+                                       else "none")},
             "software": {"python": platform.python_version(), "torch": torch.__version__,
                          "transformers": transformers.__version__},
         }
@@ -190,7 +203,7 @@ class LocalGenerator:
         self.engine = Engine(self.model, self.device, self._lock, self._prefix_lookup,
                              self._prefix_store, max_running, step_token_budget, fixed_rows,
                              prefix_known=self.prefix_cached, threads=threads,
-                             prefix_cache=self.prefix_cache)
+                             prefix_cache=self.prefix_cache, pad_rows=self.pad_rows)
 
     @property
     def max_running(self) -> int:
@@ -380,8 +393,8 @@ class LocalGenerator:
             "intermediate_size": int(getattr(c, "intermediate_size", 4 * c.hidden_size)),
             "max_position_embeddings": self.context_window,
             "dtype": self.dtype,
-            # weights read per step: the bf16 precision keeps its linear layers in 2 bytes
-            "bytes_per_param": (2 if self.precision != "fp32"
+            # weights read per step: bf16 keeps its linear layers in 2 bytes, int8 in 1
+            "bytes_per_param": (1 if self.precision.startswith("int8") else 2 if self.precision != "fp32"
                                 else {"float32": 4, "bfloat16": 2, "float16": 2}[self.dtype]),
         }
 
@@ -414,7 +427,8 @@ class LocalGenerator:
         engine = Engine(self.model, self.device, self._lock,
                         lambda ids: store.get("entry") if store.get("len") == len(ids) else None,
                         lambda ids, kv, lg: store.update({"entry": (kv, lg), "len": len(ids)}),
-                        1, 1 << 30, self.fixed_rows, threads=self.threads)
+                        1, 1 << 30, self.fixed_rows, threads=self.threads,
+                        pad_rows=self.pad_rows)
         engine.run_alone(seq)
         return engine
 

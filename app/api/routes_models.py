@@ -41,7 +41,7 @@ class GeneratorInfo(BaseModel):
     weights_hash: str | None = None
     dtype: str | None = None
     precision: str | None = Field(None, description="local engine: compute precision of the linear "
-                                  "layers, fp32 or bf16-tile<T> (docs/precision.md)")
+                                  "layers, fp32, bf16-tile<T> or int8-w8a8 (docs/precision.md)")
     device: str | None = None
     device_name: str | None = None
     context_window: int | None = Field(None, description="maximum prompt + output tokens")

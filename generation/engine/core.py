@@ -122,6 +122,8 @@ class Engine:
         prefix_cache: the shared prefix cache over token blocks
             (:class:`generation.engine.kv_cache.BlockPrefixCache`): each answer loads the
             longest cached chain of its blocks at admission and stores every block it computes.
+        pad_rows: False runs steps unpadded (:class:`generation.engine.runner.ModelRunner`'s
+            ``pad``; the int8 precision).
     """
 
     def __init__(self, model: Any, device: str, lock: threading.Lock,
@@ -129,9 +131,10 @@ class Engine:
                  prefix_store: Callable[[list[int], Any, Any], None],
                  max_running: int, step_token_budget: int, fixed_rows: int | None = None,
                  prefix_known: Callable[[list[int]], bool] | None = None,
-                 threads: int | None = None, prefix_cache: BlockPrefixCache | None = None) -> None:
+                 threads: int | None = None, prefix_cache: BlockPrefixCache | None = None,
+                 pad_rows: bool = True) -> None:
         self.lock = lock
-        self.runner = ModelRunner(model, device, fixed_rows, threads)
+        self.runner = ModelRunner(model, device, fixed_rows, threads, pad_rows)
         self.kv_cache = KVCache(prefix_lookup, prefix_store, prefix_known, prefix_cache)
         self.max_running, self.step_token_budget = max_running, step_token_budget
         self._state = threading.RLock()  # guards the queues; re-entered by _cancel_all

@@ -32,21 +32,28 @@ class ModelRunner:
         threads: torch intra-op threads every forward runs at, set on the calling thread when
             it differs (another model of the process may have set its own); None leaves the
             thread's count as it is.
+        pad: False runs every step and LM-head call with exactly its real rows (no padding):
+            only for a model whose every row-mixing op is exact whatever the row count (the
+            int8 precision, :func:`generation.precision.pads_rows`).
     """
 
     def __init__(self, model: Any, device: str, fixed_rows: int | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, pad: bool = True) -> None:
         self.model, self.device = model, device
-        self.fixed_rows, self.threads = fixed_rows, threads
+        self.fixed_rows, self.threads, self.pad = fixed_rows, threads, pad
+
+    def _rows(self, n: int) -> int:
+        """Rows a call of ``n`` real rows runs with (``n`` itself when not padding)."""
+        return padded_rows(n, self.fixed_rows) if self.pad else n
 
     def run(self, plan: StepPlan, requests: Sequence[Request]) -> Any:
         """Run ``plan`` (made by ``schedule(requests, ...)``): logits of its rows that need
         them, in plan order, ``(plan.logit_rows, vocab)``.
 
         Every answer in the plan must hold its KV buffer (admitted). The step runs with
-        ``padded_rows(plan.tokens)`` rows (padding rows: token 0 at position 0); the LM head
-        runs on the logit rows padded the same way (the first logit row repeated), or not at
-        all when no row needs logits.
+        ``padded_rows(plan.tokens)`` rows (padding rows: token 0 at position 0; no padding when
+        ``pad`` is False); the LM head runs on the logit rows padded the same way (the first
+        logit row repeated), or not at all when no row needs logits.
         """
         ids: list[int] = []
         positions: list[int] = []
@@ -62,13 +69,13 @@ class ModelRunner:
             positions.extend(range(item.start, item.start + len(toks)))
             if item.needs_logits:
                 logit_rows.append(len(ids) - 1)
-        pad = padded_rows(len(ids), self.fixed_rows) - len(ids)
+        pad = self._rows(len(ids)) - len(ids)
         ids.extend([0] * pad)
         positions.extend([0] * pad)
         # The LM head runs on the logit rows padded like a step (same kernel for every row
         # count); a step that only prefills (no row needs logits) skips it.
-        keep = (logit_rows + [logit_rows[0]] * (padded_rows(len(logit_rows), self.fixed_rows)
-                                                - len(logit_rows))) if logit_rows else []
+        keep = (logit_rows + [logit_rows[0]] * (self._rows(len(logit_rows)) - len(logit_rows))
+                if logit_rows else [])
         return self.forward(ids, positions, keep, StepContext(segments))
 
     def forward(self, ids: list[int], positions: list[int], keep: list[int],

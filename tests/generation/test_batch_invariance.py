@@ -3,7 +3,8 @@
 Twenty questions about real PostgreSQL 15 documentation pages are answered alone,
 then again in mixes of 2 to 8 concurrent arrivals at random (seeded) offsets: every
 question's output token ids are identical, in each compute precision (fp32, and the
-tiled bf16 of generation.precision where the CPU has bf16 instructions). Answering alone with the receipt's
+tiled bf16 of generation.precision where the CPU has bf16 instructions, and int8 w8a8 with
+unpadded steps where it has VNNI). Answering alone with the receipt's
 recorded prefill chunk is what ``replay --regenerate`` does, so identical ids here
 are what makes a batched answer's receipt replay.
 
@@ -29,7 +30,7 @@ import pytest
 
 from app.prompting.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChunk
 from generation.base import GenParams
-from generation.precision import bf16_supported
+from generation.precision import bf16_supported, int8_supported
 from tests.conftest import CORPORA
 
 pytestmark = pytest.mark.slow
@@ -75,7 +76,11 @@ def _paragraphs(deb: Path, tmp: Path) -> list[str]:
 
 @pytest.fixture(scope="module", params=["fp32", pytest.param("bf16", marks=pytest.mark.skipif(
     not bf16_supported() or os.environ.get("RAGBUDGET_INVARIANCE_DEVICE", "cpu") != "cpu",
-    reason="bf16 precision needs the CPU device and avx512_bf16 or amx_bf16 (/proc/cpuinfo flags)"))])
+    reason="bf16 precision needs the CPU device and avx512_bf16 or amx_bf16 (/proc/cpuinfo flags)")),
+    *[pytest.param(p, marks=pytest.mark.skipif(
+        not int8_supported() or os.environ.get("RAGBUDGET_INVARIANCE_DEVICE", "cpu") != "cpu",
+        reason="int8 precisions need the CPU device and avx512_vnni, avx_vnni or amx_int8"))
+      for p in ("int8", "int8a16")]])
 def gen(request: pytest.FixtureRequest, smollm_dir: Path, smollm_tokenizer: Any) -> Iterator[Any]:
     import torch
 
