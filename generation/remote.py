@@ -38,8 +38,8 @@ import httpx
 
 from foundation.errors import BackendError, InvalidInput, RagBudgetError
 from foundation.hashing import sha256_ints
-from generation.remote_cache import RemotePrefixMemory
 from generation.base import GenerationStats, GenParams, StreamBody, TokenEvent, TokenStream
+from generation.remote_cache import RemotePrefixMemory
 from generation.remote_deadline import (
     FirstTokenWatch,
     first_token_timeout,
@@ -178,6 +178,7 @@ class RemoteGenerator:
         t0 = time.perf_counter()
         self._timed_request(list(prefix_ids), max_tokens=1)
         self._remember_prefix(list(prefix_ids))
+        self.prefix_memory.remember(list(prefix_ids))
         return (time.perf_counter() - t0) * 1000.0
 
     def prefill_ms(self, prompt_tokens: int, cached_tokens: int) -> float:

@@ -106,3 +106,4 @@ def test_the_scaffold_first_layout_hits_the_engines_prompt_cache(engine_env: dic
     assert hits, llama_server.log_tail()
     reused, evaluated = hits[-1]
     assert reused >= scaffold_tokens and reused + evaluated == s["tokens"]["prompt"]
+

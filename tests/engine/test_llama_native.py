@@ -131,3 +131,32 @@ def test_a_second_answer_runs_beside_the_first_instead_of_queueing(
     assert answers(None) == ("ok", "ok")  # two slots from /props: both run
     refused, first_status = answers(1)  # the setting holds it to one: the second is refused
     assert refused != "ok" and first_status == "ok"
+
+
+def test_the_cached_tokens_the_engine_reports_are_learned_and_predicted(native: Any,
+                                                                        smollm_dir: Path) -> None:
+    """The planner's cached-token figure for a remote engine follows what its server reports
+    (``timings.cache_n``): a repeated long prefix is predicted cached past the scaffold once
+    four answers were learned."""
+    gen = _generator(native, smollm_dir)
+    words = " ".join(f"valve{i} opens at {i * 3} bar;" for i in range(40))
+    scaffold = gen.tokenizer.encode("Valve table. ")
+    shared = scaffold + gen.tokenizer.encode(words)
+    assert gen.cached_tokens(shared, len(scaffold), 1) == 0  # nothing sent yet
+    reports = []
+    for i in range(5):
+        ids = shared + gen.tokenizer.encode(f"\nQuestion: which valve opens at {3 * i} bar?\nAnswer:")
+        answer = gen.stream(ids, params=GenParams(max_new_tokens=2))
+        list(answer)
+        reports.append((answer.stats.cache_reported, answer.stats.cached_tokens))
+    assert all(flag for flag, _ in reports), reports
+    ratio = gen.prefix_memory.hit_ratio()
+    assert ratio is not None and ratio > 0.5, (gen.prefix_memory.status(), reports)
+    probe = shared + gen.tokenizer.encode("\nQuestion: which valve opens at 60 bar?\nAnswer:")
+    predicted = gen.cached_tokens(probe, len(scaffold), 1)
+    assert len(scaffold) < predicted <= len(probe)
+    answer = gen.stream(probe, params=GenParams(max_new_tokens=2))
+    list(answer)
+    # the prediction is within the slot cache's reuse of the shared prefix, one token either way
+    assert abs(answer.stats.cached_tokens - predicted) <= max(2, len(shared) // 10), (
+        predicted, answer.stats.cached_tokens)
