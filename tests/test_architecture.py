@@ -238,8 +238,9 @@ APP_ROOM_BANS: dict[str, tuple[str, ...]] = {
 }
 #: The modules each room holds (one concept each).
 APP_ROOMS: dict[str, frozenset[str]] = {
-    "app.answering": frozenset({"admit", "arrivals", "bands", "finish", "followup", "generate", "genqueue", "kv_lookup",
-                                "pipeline", "receipt", "receipt_wiring", "state", "types", "window"}),
+    "app.answering": frozenset({"admit", "arrivals", "bands", "finish", "followup", "generate", "genqueue",
+                                "kv_lookup", "pipeline", "receipt", "receipt_wiring", "state", "types",
+                                "window"}),
     "app.prompting": frozenset({"conversation", "framing", "layout", "prompt", "slots"}),
 }
 #: The answer path's modules as they were before it had rooms: no module is left there.
