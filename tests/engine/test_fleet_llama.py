@@ -89,10 +89,10 @@ def fleet(servers: dict[str, Any], smollm_dir: Path,
     services.close()
 
 
-def _answer(pipe: Any, **kw: Any) -> Any:
+def _answer(pipe: Any, question: str = QUESTION, **kw: Any) -> Any:
     from app.answering.state import AnswerRequest
 
-    return pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=BUDGET_MS, max_new_tokens=8, **kw))
+    return pipe.answer(AnswerRequest(question, ttft_budget_ms=BUDGET_MS, max_new_tokens=8, **kw))
 
 
 def _flood(server: Any, stop: threading.Event) -> list[threading.Thread]:
@@ -229,7 +229,10 @@ def test_an_engine_that_sends_no_first_token_in_time_is_taken_out_the_answer_ret
     try:
         with _stalled(servers["a"]):
             t0 = time.perf_counter()
-            asker = threading.Thread(target=lambda: result.update(got=_answer(pipe)))
+            # a question neither engine has served: its prompt is cached on neither, so the
+            # choice follows the flood on b, not the prefix cache b learned earlier
+            asker = threading.Thread(target=lambda: result.update(
+                got=_answer(pipe, "What does the low-level switch on the tank do?")))
             asker.start()
             # a holds the answer (sent, no first token coming): the flood on b stops, so the
             # retry gets b's slot once the flood's last requests end
@@ -272,7 +275,8 @@ def test_a_stalled_answer_that_must_make_its_budget_ends_with_first_token_timeou
     try:
         with _stalled(servers["a"]):
             t0 = time.perf_counter()
-            got = pipe.answer(AnswerRequest(QUESTION, ttft_budget_ms=budget_ms, max_new_tokens=8,
+            got = pipe.answer(AnswerRequest("Who may reset the high-pressure alarm?",  # cached nowhere
+                                            ttft_budget_ms=budget_ms, max_new_tokens=8,
                                             on_budget_miss="reject"))
             took_ms = (time.perf_counter() - t0) * 1000.0
     finally:
