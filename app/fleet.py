@@ -313,6 +313,14 @@ class FleetEngine:
         q = self.queue
         return len(q._running_places) + q.depth  # noqa: SLF001 - same room, read-only
 
+    def foreign_load(self) -> bool:
+        """True when the engine's last load reading shows more requests running or waiting
+        than ragbudget's own (:meth:`in_flight`): another client is using it, and may have
+        replaced what its prefix cache held of our prompts. False without a reading (the
+        local engine, a server that says nothing)."""
+        reading = self._load.reading() if self._load is not None else None
+        return reading is not None and len(reading.busy) + reading.waiting > self.in_flight()
+
     def close(self) -> None:
         """Stop this engine's background threads (its ``/slots`` reader and its health probe)."""
         if self._load is not None:

@@ -198,8 +198,9 @@ class AdmitSteps:
             out.append((e, {"profile": profile, "planner_profile": planner_profile,
                             "correction": correction,
                             "cached": bool(e.generator.prefix_cached(full.scaffold_ids)),
-                            # what its prefix cache holds of each candidate prompt (app.answering.kv_lookup)
-                            "cached_k": cached_per_k(e.generator, full),
+                            # what its prefix cache holds of each candidate prompt (app.answering.kv_lookup);
+                            # not assumed past the scaffold while another client uses the engine
+                            "cached_k": None if e.foreign_load() else cached_per_k(e.generator, full),
                             "wait_ms": wait_ms, "depth": e.queue.depth}))
         if not out:
             assert first_error is not None
