@@ -28,6 +28,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 
+import numpy as np
+
 from foundation.hashing import sha256_ints
 
 #: Prompts remembered per engine (each kept as its token ids; 64 prompts of 4096 ids ~ 2 MiB).
@@ -40,13 +42,17 @@ MIN_SAMPLES = 4
 MIN_RATIO = 0.25
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token-id lists (0 when the first ids differ)."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def common_prefix(a: list[int] | np.ndarray, b: list[int] | np.ndarray) -> int:
+    """Length of the longest common prefix of two token-id sequences (0 when the first ids
+    differ). Vectorised: one element-wise comparison of the shorter length, then the first
+    mismatch (``numpy.flatnonzero``), so a 4096-id prompt costs microseconds, not a Python loop
+    per id."""
+    x, y = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+    n = min(x.size, y.size)
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(x[:n] != y[:n])
+    return int(diff[0]) if diff.size else n
 
 
 class RemotePrefixMemory:
@@ -64,15 +70,31 @@ class RemotePrefixMemory:
         if max_prompts < 1 or window < 1 or min_samples < 1 or not 0.0 <= min_ratio <= 1.0:
             raise ValueError("max_prompts, window and min_samples must be >= 1, min_ratio in [0, 1]")
         self.max_prompts, self.min_samples, self.min_ratio = max_prompts, min_samples, min_ratio
-        self._prompts: dict[str, list[int]] = {}
+        self._prompts: dict[str, np.ndarray] = {}
         self._order: deque[str] = deque()
         self._learned: deque[tuple[int, int]] = deque(maxlen=window)
+        # The remembered prompts as one matrix, padded with -1 (never a token id), built on
+        # the first lookup after a change: one comparison covers every prompt at once.
+        self._matrix: np.ndarray | None = None
         self._lock = threading.Lock()
 
     def expected(self, ids: list[int]) -> int:
         """Longest common prefix of ``ids`` with any remembered prompt (tokens, ``<= len(ids)``)."""
+        x = np.asarray(ids, dtype=np.int64)
         with self._lock:
-            return max((common_prefix(ids, p) for p in self._prompts.values()), default=0)
+            if not self._prompts or x.size == 0:
+                return 0
+            if self._matrix is None:
+                width = max(p.size for p in self._prompts.values())
+                self._matrix = np.full((len(self._prompts), width), -1, dtype=np.int64)
+                for row, p in zip(self._matrix, self._prompts.values(), strict=True):
+                    row[:p.size] = p
+            matrix = self._matrix
+        n = min(x.size, matrix.shape[1])
+        equal = matrix[:, :n] == x[:n]
+        # Per prompt, the first position that differs (argmin of a boolean row), or n.
+        first = np.where(equal.all(axis=1), n, equal.argmin(axis=1))
+        return int(first.max())
 
     def remember(self, ids: list[int]) -> None:
         """Remember ``ids`` as sent (the newest; the oldest past ``max_prompts`` is forgotten)."""
@@ -80,10 +102,11 @@ class RemotePrefixMemory:
         with self._lock:
             if key in self._prompts:
                 self._order.remove(key)
-            self._prompts[key] = list(ids)
+            self._prompts[key] = np.asarray(ids, dtype=np.int64)
             self._order.append(key)
             while len(self._order) > self.max_prompts:
                 self._prompts.pop(self._order.popleft(), None)
+            self._matrix = None
 
     def observe(self, expected: int, reported: int) -> None:
         """Learn one answer: ``expected`` from :meth:`expected` before it was sent, ``reported``

@@ -95,3 +95,25 @@ def test_the_generator_learns_from_the_servers_usage_counts(tiktok: Any) -> None
             list(gen.stream(prompt, params=GenParams(max_new_tokens=4)))
         assert gen.prefix_memory.hit_ratio() == 1.0
         assert gen.cached_tokens(prompt + [7, 7], 8, 1) == 40
+
+
+def test_common_prefix_matches_an_element_by_element_walk() -> None:
+    import random
+
+    def walk(a: list[int], b: list[int]) -> int:
+        i = 0
+        while i < min(len(a), len(b)) and a[i] == b[i]:
+            i += 1
+        return i
+
+    rng = random.Random(7)
+    for _ in range(300):
+        base = [rng.randrange(50_000) for _ in range(rng.randrange(0, 300))]
+        cut = rng.randrange(0, len(base) + 1)
+        other = base[:cut] + [rng.randrange(50_000) for _ in range(rng.randrange(0, 40))]
+        assert common_prefix(base, other) == walk(base, other)
+        assert common_prefix(other, base) == walk(other, base)
+    m = RemotePrefixMemory()
+    m.remember([5, 6, 7, 8])
+    m.remember([5, 6, 9])
+    assert m.expected([5, 6, 7, 1]) == 3 and m.expected([4]) == 0 and m.expected([]) == 0
