@@ -194,7 +194,7 @@ class OnlineCorrection:
 
     def __init__(self, profile_id: str, *, window: int = 40, min_samples: int = 5,
                  min_factor: float = 0.25, max_factor: float = 4.0, max_multiplier: float = 4.0,
-                 residual_band: bool = True) -> None:
+                 residual_band: bool = False) -> None:
         if window < 1 or not 1 <= min_samples <= window:
             raise InvalidInput("need window >= 1 and 1 <= min_samples <= window", field="window")
         if not 0 < min_factor <= 1.0 <= max_factor or max_multiplier < 1.0:
