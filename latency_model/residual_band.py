@@ -3,7 +3,13 @@
 Split-conformal prediction (Vovk et al., *Algorithmic Learning in a Random World*, 2005;
 Angelopoulos & Bates, *A Gentle Introduction to Conformal Prediction*, 2021) over the scores
 ``measured / (fitted p50 x factor)`` of answers already served, localised to the prediction's
-prompt size (:func:`residual_multipliers`). Used by :mod:`latency_model.correction`.
+prompt size (:func:`residual_multipliers`). Used by :mod:`latency_model.correction` when its
+``residual_band`` is on (off by default). Also the candidate rules the offline replay
+(:mod:`benchmarks.band_replay`, ``--variants``) compares: Mondrian classes by size, each with
+its own window (:func:`class_multipliers`, :func:`mondrian_multiplier`), and drift-aware
+weighted conformal (:func:`weighted_conformal`); none of them is used by the correction, as
+none covered both fleet runs narrower than the earlier rule (docs/latency_model.md, "Variants
+on both runs").
 """
 
 from __future__ import annotations
