@@ -195,11 +195,12 @@ class Settings(BaseSettings):
                                         "machine's speed read from the engine's latest steps against "
                                         "the profile's step model (seconds, not answers, to follow a "
                                         "busier or quieter machine); off: answers only.")
-    correction_residual_band: bool = Field(True, description="Once the online correction holds "
+    correction_residual_band: bool = Field(False, description="Once the online correction holds "
                                            "19 answers (the 0.95 conformal rank), price p95 from "
                                            "their own residuals per prompt size, without the "
-                                           "fitted p95/p50 spread as a floor; off: the earlier "
-                                           "floor (latency_model.correction).")
+                                           "fitted p95/p50 spread as a floor (under-covered the "
+                                           "fleet's third run, so off by default); off: the "
+                                           "earlier floor (latency_model.correction).")
     on_budget_miss: Literal["answer", "reject"] = Field(
         "answer", description="When even k=0 cannot make the budget: answer anyway (flagged) or "
         "refuse with 503 budget_unreachable; a request may choose for itself.")

@@ -31,9 +31,9 @@ two bounded terms on top of the fitted profile, which itself is never changed:
   mixing answers alone and beside a batch was wider than the fitted spread.
   Before the conformal rank is reached the floor applies either way.
 
-  **The residual band** (``residual_band``, on by default; the rule above is kept behind it as
-  ``False``). Once the scores in use hold :data:`GROUP_MIN` answers (the fewest whose 0.95
-  conformal rank is within them), p95 comes from the served answers' own residuals alone, with
+  **The residual band** (``residual_band``, off by default: the rule above is ``False``). Once
+  the scores in use hold :data:`GROUP_MIN` answers (the fewest whose 0.95 conformal rank is
+  within them), p95 comes from the served answers' own residuals alone, with
   no fitted-spread floor, local or remote engine, speed or not, and per prompt size: a
   prediction takes the scores of the :data:`GROUP_MIN` answers nearest to it in log fitted p50
   (:func:`residual_multipliers`). The floor came from calibration on a shared VM, where the
@@ -45,8 +45,12 @@ two bounded terms on top of the fitted profile, which itself is never changed:
   score of the newest :data:`GROUP_MIN` answers of that size, so one slow answer widens the next
   plan of its size, and the band narrows again once GROUP_MIN answers have followed it.
   Measured, not promised: replayed on the fleet's second run it covered 96-97 % of the prefills
-  with chunks, on the third 88-93 % (docs/latency_model.md); ``residual_band=False`` keeps the
-  earlier rule.
+  with chunks, on the third 88-93 %, where the earlier rule covered 98-100 %. Nor did a
+  Mondrian band (each size class its own window of 40 or 80, with or without the drift guard)
+  or a weighted conformal band per class (Barber et al. 2023, decay 0.97-0.995) hold 95 % on
+  every engine of both runs; the only other rule that did (weighted, pooled) was wider
+  (docs/latency_model.md, "Variants on both runs"). So the earlier rule is the default and the
+  residual band is opt-in (``RAGBUDGET_CORRECTION_RESIDUAL_BAND``).
 
 * ``speed``: how fast the machine runs engine steps now, against the mixed-step
   model (:func:`latency_model.step_model.machine_speed`), when the caller reads it.
@@ -184,9 +188,9 @@ class OnlineCorrection:
         max_multiplier: bound of the p95/p50 multiplier (>= 1).
         residual_band: once the scores in use hold :data:`GROUP_MIN` answers, set p95 from
             their residuals alone, per prompt size, without the fitted-spread floor
-            (:func:`residual_multipliers`); False: the earlier rule (conformal multiplier over the
-            whole window, floored at the fitted spread without a machine speed). A plan may
-            override it (:meth:`state`).
+            (:func:`residual_multipliers`); False (the default): the earlier rule (conformal
+            multiplier over the whole window, floored at the fitted spread without a machine
+            speed). A plan may override it (:meth:`state`).
 
     Raises:
         InvalidInput: a bound out of range.
@@ -194,7 +198,7 @@ class OnlineCorrection:
 
     def __init__(self, profile_id: str, *, window: int = 40, min_samples: int = 5,
                  min_factor: float = 0.25, max_factor: float = 4.0, max_multiplier: float = 4.0,
-                 residual_band: bool = True) -> None:
+                 residual_band: bool = False) -> None:
         if window < 1 or not 1 <= min_samples <= window:
             raise InvalidInput("need window >= 1 and 1 <= min_samples <= window", field="window")
         if not 0 < min_factor <= 1.0 <= max_factor or max_multiplier < 1.0:

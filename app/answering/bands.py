@@ -138,9 +138,9 @@ class PlanBands:
         self.admit_lock = threading.Lock()
 
     def _residual(self) -> bool:
-        """The ``residual_band`` switch now (:mod:`latency_model.correction`; True when the
-        switches predate it)."""
-        return bool(getattr(self._switches, "residual_band", True))
+        """The ``residual_band`` switch now (:mod:`latency_model.correction`; False, the earlier
+        rule, when the switches predate it)."""
+        return bool(getattr(self._switches, "residual_band", False))
 
     def planner_profile(self, profile: Profile) -> tuple[PrefillBand, CorrectionState | None]:
         """The profile plans use, and its online correction's state (None when off).

@@ -42,7 +42,7 @@ class AnswerSwitches:
     late_binding: bool = True
     online_correction: bool = True
     live_speed: bool = True
-    residual_band: bool = True
+    residual_band: bool = False
     room_for_arrivals: bool = True
     prompt_layout: str = "rank"
     follow_up_layout: str = "earlier_turn"
@@ -55,7 +55,7 @@ class AnswerSwitches:
         return cls(late_binding=bool(settings.late_binding),
                    online_correction=bool(settings.online_correction),
                    live_speed=bool(settings.correction_live_speed),
-                   residual_band=bool(getattr(settings, "correction_residual_band", True)),
+                   residual_band=bool(getattr(settings, "correction_residual_band", False)),
                    room_for_arrivals=bool(getattr(settings, "room_for_arrivals", True)),
                    prompt_layout=str(getattr(settings, "prompt_layout", "rank")),
                    follow_up_layout=str(getattr(settings, "follow_up_layout", "earlier_turn")))
