@@ -52,6 +52,9 @@ class Request:
     blocks: BlockPlan | None = None  # its prefix-cache blocks (set at admission)
     cached_blocks: int = 0  # of which loaded from the cache
     pin: Pin | None = None  # its planned chain, held until admission (taken at Engine.submit)
+    tail_ids: tuple[int, ...] | None = None  # what a follow-up places after the output (warm job)
+    output: list[int] = field(default_factory=list)  # ids emitted so far
+    warm: bool = False  # a warm job: prefill only, its blocks stored, no token chosen
 
     @property
     def prompt_len(self) -> int:
