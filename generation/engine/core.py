@@ -178,6 +178,7 @@ class Engine:
         self.warm_turns = max(0, int(warm_turns)) if prefix_cache is not None else 0
         self._warm: deque[tuple[list[int], int, int]] = deque(maxlen=max(1, self.warm_turns))
         self._warm_seq: Request | None = None  # the warm job in progress (compute thread only)
+        self._warm_taking = False  # a warm job is being admitted (taken from the queue)
         self.warm_steps = 0  # steps that ran warm work
         self.warm_tokens = 0  # tokens they computed
         self.warm_set_aside = 0  # warm jobs set aside for an answer that arrived
@@ -358,9 +359,9 @@ class Engine:
         seq.kv = None
         if seq.pin is not None:  # ended before its admission (cancelled, failed): no leak
             seq.pin.release()
-        seq.out.put(Finished(reason, exc))
         if reason in ("stop", "length") and seq.tail_ids is not None and not self._gone(seq):
-            self._queue_warm(seq)
+            self._queue_warm(seq)  # before its reader sees the end: warm_pending() says so then
+        seq.out.put(Finished(reason, exc))
 
     def _admit(self, seq: Request) -> None:
         admitted_t = time.perf_counter()
@@ -464,7 +465,7 @@ class Engine:
     # --- warm work (module docstring, "Warm work"; compute thread only) -----------------
     def _warm_pending(self) -> bool:
         """True while a warm job is in progress or kept (``_state`` held or not needed)."""
-        return self._warm_seq is not None or bool(self.warm_turns and self._warm)
+        return self._warm_seq is not None or self._warm_taking or bool(self.warm_turns and self._warm)
 
     def warm_pending(self) -> bool:
         """True while warm work is queued or in progress (module docstring, "Warm work")."""
@@ -537,17 +538,21 @@ class Engine:
                 if not self._warm or cache is None:
                     return
                 ids, prefix_len, chunk = self._warm.pop()
-            seq = Request(prompt=ids, prefix_len=prefix_len, max_new=1, chunk=chunk,
-                          select=_no_token, eos=frozenset(), warm=True)
+                self._warm_taking = True  # neither queued nor in progress: warm_pending() holds
             try:
+                seq = Request(prompt=ids, prefix_len=prefix_len, max_new=1, chunk=chunk,
+                              select=_no_token, eos=frozenset(), warm=True)
                 if cache.has(cache.plan(ids, prefix_len, chunk).keys[-1]):
                     return  # held whole already (a follow-up, or an earlier warm job, stored it)
                 self._admit(seq)
+                if seq.in_prefill():
+                    self._warm_seq = seq
             except Exception:  # a failed lookup drops this job alone
                 return
-            if not seq.in_prefill():
+            finally:
+                self._warm_taking = False
+            if self._warm_seq is None:
                 return
-            self._warm_seq = seq
         before, t0 = seq.pos, time.perf_counter()
         try:
             with self.lock:

@@ -148,9 +148,10 @@ def test_an_answer_arriving_during_warm_work_waits_for_one_chunk_at_most(gen: An
     gen.prefix_cache.clear()
     wait_warm(gen)
     long_ids = ids + gen._synthetic_ids(24 * CHUNK)  # a long tail: many warm steps
+    steps_before = gen.engine.warm_steps
     assert gen.engine.queue_warm(long_ids, scaffold, CHUNK)
     deadline = time.monotonic() + 60
-    while gen.engine.warm_steps == 0 or not gen.engine.warm_log:
+    while gen.engine.warm_steps == steps_before:  # the warm job is under way
         assert time.monotonic() < deadline
         time.sleep(0.005)
     steps_before, aside_before = gen.engine.warm_steps, gen.engine.warm_set_aside
