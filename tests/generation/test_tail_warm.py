@@ -5,7 +5,8 @@ answer that ends normally leaves a warm job over its prompt, its output and the 
 of turn; the engine prefills it while idle. A follow-up that continues that turn then loads past
 the earlier answer's tokens, and its output, and every block the warm job stored, are bit for
 bit what a cold prefill of the follow-up computes. An answer that arrives during warm work
-waits for one chunk at most; warm stores stay within the cache's budget and leave pins alone.
+stops the warm chunk in progress (no warm step runs beside it); warm stores stay within the
+cache's budget and leave pins alone.
 """
 
 from __future__ import annotations
@@ -160,6 +161,8 @@ def test_an_answer_arriving_during_warm_work_waits_for_one_chunk_at_most(gen: An
     started = [s for s, _ in gen.engine.warm_log if t_submit < s < stats.first_token_t]
     assert len(started) <= 1, started  # at most the chunk decided on before the answer arrived
     assert gen.engine.warm_set_aside == aside_before + 1  # the warm job was set aside, not finished
+    assert all(e <= stats.start_t or s >= stats.last_token_t  # none ran beside it
+               for s, e in gen.engine.warm_log)
     wait_warm(gen)
     assert gen.engine.warm_steps > steps_before + 1  # and resumed afterwards
     assert gen.prefix_cache.cached_tokens(long_ids, scaffold, CHUNK) == grid(len(long_ids), scaffold)
