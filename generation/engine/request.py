@@ -27,6 +27,13 @@ class Request:
     than ``min_new`` tokens were produced, the ``eos`` ids are masked out of that row first
     (``-inf``). ``ignore_eos``: an ``eos`` token is output like any other and the answer
     goes on to ``max_new`` (vLLM's ``min_tokens`` and ``ignore_eos``).
+
+    ``tail_ids``: the ids a follow-up turn places right after this answer's output (the end of
+    the turn and the next user header; ``()`` when not known): when set, an answer that ends
+    normally (an end-of-text token or ``max_new``) leaves the engine a warm job over
+    ``prompt + output + tail_ids`` (``generation.engine.core``, "Warm work"); None: none.
+    ``output`` collects the ids it emitted. ``warm``: this request is such a warm job (it
+    chooses no token; its blocks go to the prefix cache).
     """
 
     prompt: list[int]
