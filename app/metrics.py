@@ -39,6 +39,8 @@ PREFIX_CACHE_COUNTERS = (
     ("stored", "ragbudget_prefix_cache_blocks_stored", "Token blocks stored in the prefix KV cache"),
     ("evicted", "ragbudget_prefix_cache_blocks_evicted",
      "Token blocks evicted from the prefix KV cache (least recently used leaf first)"),
+    ("warm_tokens", "ragbudget_prefix_cache_warm_tokens",
+     "Tokens the local engine prefilled into the prefix KV cache while idle (finished turns' tails)"),
 )
 #: The prefix cache's gauges (field, metric name, help), per engine.
 PREFIX_CACHE_GAUGES = (

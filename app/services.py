@@ -236,6 +236,8 @@ def build_generator(settings: Settings, services: Services, engine: EngineConfig
                              prefill_chunk=settings.generator_prefill_chunk,
                              prefix_cache_mib=settings.generator_prefix_cache_mib,
                              precision=settings.generator_precision,
-                             tile_rows=settings.generator_tile_rows)
+                             tile_rows=settings.generator_tile_rows,
+                             warm_turns=settings.generator_warm_turns,
+                             turn_close_ids=builder.turn_close_ids)
     gen.identity["chat_template"] = builder.describe()
     return gen

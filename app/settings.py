@@ -132,6 +132,11 @@ class Settings(BaseSettings):
                                               "token blocks shared by answers: the scaffold, "
                                               "leading chunks, earlier turns; least recently used "
                                               "leaf blocks are evicted first; 0 keeps nothing).")
+    generator_warm_turns: int = Field(8, ge=0, le=256, description="Local engine: finished answers "
+                                      "whose tails (prompt, output, end of turn) the engine "
+                                      "prefills into the prefix cache while it has nothing else to "
+                                      "run, newest first, so a follow-up loads the earlier answer "
+                                      "too (docs/engines.md, 'Follow-up turns'); 0 turns it off.")
     remote_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. "
                                         "http://127.0.0.1:8001/v1 (vLLM, SGLang).")
     remote_model: str | None = None

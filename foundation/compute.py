@@ -93,6 +93,10 @@ class ComputeThread:
             self._cond.notify_all()
         return fut.result()
 
+    def pending(self) -> int:
+        """Jobs queued and not started yet (a stepper's low-priority work gives way to them)."""
+        return len(self._jobs)
+
     def attach(self, stepper: Stepper) -> None:
         """Drive ``stepper.step_once()`` between jobs from now on (held by a weak reference:
         a stepper that is gone is dropped)."""

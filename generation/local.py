@@ -114,11 +114,18 @@ class LocalGenerator:
             :mod:`generation.precision`), recorded in ``identity["precision"]`` and
             ``identity["engine"]["precision"]`` as ``fp32``, ``bf16-tile<T>`` or ``int8-w8a8``.
         tile_rows: rows per bf16 GEMM tile (``T``; ignored in fp32).
+        warm_turns: finished answers whose tails the engine prefills into the prefix cache while
+            idle, newest first (:mod:`generation.engine.core`, "Warm work"); 0 (default) turns
+            it off. The app sets it from ``RAGBUDGET_GENERATOR_WARM_TURNS``.
+        turn_close_ids: the ids a follow-up places right after an answer's output (the chat
+            template's end of turn and next user header,
+            ``app.prompting.prompt.PromptBuilder.turn_close_ids``), warmed with it; None warms
+            the prompt and output alone.
 
     Raises:
-        InvalidConfig: bad device/dtype, engine settings below 1, a precision this CPU cannot
-            run (:func:`generation.precision.check_precision`), or a directory transformers
-            cannot load.
+        InvalidConfig: bad device/dtype, engine settings below 1 (``warm_turns`` below 0), a
+            precision this CPU cannot run (:func:`generation.precision.check_precision`), or a
+            directory transformers cannot load.
     """
 
     def __init__(self, model_dir: Path | str, *, tokenizer: TextTokenizer | None = None,
@@ -126,7 +133,8 @@ class LocalGenerator:
                  threads: int = 2, prefix_cache_mib: float = DEFAULT_PREFIX_CACHE_MIB,
                  stop_token_ids: list[int] | None = None, max_running: int = 8,
                  step_token_budget: int = 256, prefill_chunk: int = 256,
-                 precision: str = "fp32", tile_rows: int = DEFAULT_TILE_ROWS) -> None:
+                 precision: str = "fp32", tile_rows: int = DEFAULT_TILE_ROWS, warm_turns: int = 0,
+                 turn_close_ids: list[int] | None = None) -> None:
         import torch
         import transformers
         from transformers import AutoModelForCausalLM
@@ -134,8 +142,11 @@ class LocalGenerator:
         from foundation.quiet import quiet_weight_loading
         from generation.assets import load_tokenizer, weights_hash
 
-        if min(max_running, step_token_budget, prefill_chunk) < 1:
-            raise InvalidConfig("max_running, step_token_budget and prefill_chunk must be >= 1")
+        if min(max_running, step_token_budget, prefill_chunk) < 1 or warm_turns < 0:
+            raise InvalidConfig("max_running, step_token_budget and prefill_chunk must be >= 1, "
+                                "warm_turns >= 0")
+        self.warm_turns = int(warm_turns)
+        self.turn_close_ids = tuple(int(i) for i in turn_close_ids or ())
         model_dir = Path(model_dir)
         self.device, self.dtype = resolve_device_dtype(device, dtype)
         check_precision(precision, self.device, self.dtype, tile_rows)
@@ -203,7 +214,8 @@ class LocalGenerator:
         self.engine = Engine(self.model, self.device, self._lock, self._prefix_lookup,
                              self._prefix_store, max_running, step_token_budget, fixed_rows,
                              prefix_known=self.prefix_cached, threads=threads,
-                             prefix_cache=self.prefix_cache, pad_rows=self.pad_rows)
+                             prefix_cache=self.prefix_cache, pad_rows=self.pad_rows,
+                             warm_turns=self.warm_turns)
 
     @property
     def max_running(self) -> int:
@@ -442,6 +454,8 @@ class LocalGenerator:
                                 last_token_t=None, params=params)
         detok = IncrementalDetokenizer(self.tokenizer.decode)
         seq = self._sequence(prompt_ids, len(prefix), params, cancel, chunk)
+        if self.warm_turns:  # ended normally, its tail is warmed for a follow-up
+            seq.tail_ids = self.turn_close_ids
         submitted = ended = False
         try:
             stats.start_t = time.perf_counter()

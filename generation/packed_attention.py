@@ -15,6 +15,7 @@ travels as the ``ragbudget_step`` keyword argument.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +37,16 @@ class Segment:
 @dataclass
 class StepContext:
     """What one engine step hands to :func:`packed_attention` (as the ``ragbudget_step`` model
-    kwarg): the step's packed rows split into :class:`Segment` s, one per answer."""
+    kwarg): the step's packed rows split into :class:`Segment` s, one per answer. ``abort``:
+    asked at every layer; True stops the forward there with :class:`StepAborted` (the engine's
+    warm work gives way to an answer that arrived; the step's K/V writes are then partial)."""
 
     segments: list[Segment]
+    abort: Callable[[], bool] | None = None
+
+
+class StepAborted(Exception):
+    """A step's ``abort`` said stop (:class:`StepContext`): its forward ended between layers."""
 
 
 def packed_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
@@ -61,6 +69,8 @@ def packed_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
     ctx: StepContext | None = kwargs.get("ragbudget_step")
     if ctx is None:
         raise RuntimeError("packed attention needs the ragbudget_step context")
+    if ctx.abort is not None and ctx.abort():
+        raise StepAborted("the step gave way")
     if kwargs.get("softcap") is not None:
         raise RuntimeError("attention logit soft-capping is not supported by the packed engine")
     window = kwargs.get("sliding_window")

@@ -258,6 +258,14 @@ class PromptBuilder:
         self.end_of_turn_ids = self._end_of_turn()
         self._scaffolds: dict[str, list[int]] = {}
 
+    @property
+    def turn_close_ids(self) -> list[int] | None:
+        """The ids a follow-up places right after an earlier answer's output ids (the
+        template's end of the assistant turn and the next user header, as
+        :meth:`continuation_ids` lays them out); None when the template cannot render earlier
+        assistant turns. The local engine warms them with a finished answer."""
+        return list(self._control_ids[self.turns.assistant_to_user]) if self.turns is not None else None
+
     @classmethod
     def for_tokenizer(cls, tokenizer: TextTokenizer, chat_template: str | None = None) -> PromptBuilder:
         """Builder for ``tokenizer`` with the template the ``chat_template`` setting selects.

@@ -137,7 +137,9 @@ class PrefixCacheStats:
     (blocks evicted), ``refused`` (blocks not kept: too large, or no unpinned block left to
     evict), ``pin_shortened`` (pins that pinned a shorter chain than cached, for the pin limit),
     ``peak_bytes`` (most bytes ever held); ``blocks`` and ``bytes`` held now, ``budget_bytes``
-    its limit; ``pins`` (pins held now), ``pinned_blocks`` and ``pinned_bytes`` (what they hold)."""
+    its limit; ``pins`` (pins held now), ``pinned_blocks`` and ``pinned_bytes`` (what they hold);
+    ``warm_tokens``: tokens the engine's idle-time warm work computed into this cache
+    (``generation.engine.core``, "Warm work"; counted by :meth:`BlockPrefixCache.count_warm`)."""
 
     lookups: int = 0
     hits: int = 0
@@ -153,6 +155,7 @@ class PrefixCacheStats:
     pins: int = 0
     pinned_blocks: int = 0
     pinned_bytes: int = 0
+    warm_tokens: int = 0
 
 
 class Pin:
@@ -277,18 +280,21 @@ class BlockPrefixCache:
             got.pop()
         return got
 
-    def match(self, plan: BlockPlan, prompt_len: int) -> tuple[list[CachedBlock], int, Any]:
+    def match(self, plan: BlockPlan, prompt_len: int, *,
+              count: bool = True) -> tuple[list[CachedBlock], int, Any]:
         """``(blocks, cached_tokens, first_logits)`` for an answer being admitted: the longest
         cached chain of ``plan`` (marked most recently used, leaf first), the tokens it covers,
-        and the logits ``(vocab,)`` after it when it covers the whole ``prompt_len`` (else None)."""
+        and the logits ``(vocab,)`` after it when it covers the whole ``prompt_len`` (else None).
+        ``count`` False leaves the lookup counters (and each block's hits) as they are: the
+        engine's warm work is not an answer."""
         with self._lock:
             got = self._longest(plan, prompt_len)
-            self._stats.lookups += 1
+            self._stats.lookups += int(count)
             for block in reversed(got):  # leaf first: every ancestor stays more recent
                 self._blocks.move_to_end(block.key)
-                block.hits += 1
+                block.hits += int(count)
             cached = got[-1].start + got[-1].tokens if got else 0
-            if got:
+            if got and count:
                 self._stats.hits += 1
                 self._stats.cached_tokens += cached
         logits = got[-1].last_logits if got and cached == prompt_len else None
@@ -541,6 +547,11 @@ class BlockPrefixCache:
                                        "bytes": self._bytes, "budget_bytes": self.budget_bytes,
                                        "pins": self._pins_held, "pinned_bytes": self._pinned_bytes,
                                        "pinned_blocks": sum(1 for b in self._blocks.values() if b.pins)})
+
+    def count_warm(self, tokens: int) -> None:
+        """Count ``tokens`` computed by the engine's warm work (:attr:`PrefixCacheStats.warm_tokens`)."""
+        with self._lock:
+            self._stats.warm_tokens += int(tokens)
 
     def lru_keys(self) -> list[str]:
         """Keys held, least recently used first (the eviction order)."""

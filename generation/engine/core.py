@@ -49,6 +49,27 @@ forward itself ends every answer in the step.
 
 The attention over each answer's own KV buffer is
 :mod:`generation.packed_attention`.
+
+Warm work (``warm_turns > 0``, with the block cache): a follow-up turn's prompt starts with the
+earlier turn's prompt ids, its output ids and the end of the turn (``app.answering.followup``),
+but the output's K/V were computed by decode steps, one row at a time, which is not what a
+prefill chunk of those positions computes, so they are never blocks. When an answer that carries
+``tail_ids`` ends normally (an end-of-text token or ``max_new``; not cancelled, not failed), the
+engine keeps a warm job: ``prompt + output + tail_ids`` cut down to its last whole block (the
+block grid of :mod:`generation.engine.block_cache`, the answer's own scaffold boundary and
+chunk). Only while no answer is running or waiting, the engine runs such a job one prefill chunk
+per step, through the same admission (its longest cached chain loaded), scheduler, runner and
+block stores as an answer, so each block it stores is bit for bit what a cold prefill of a
+prompt starting with those ids computes there (chunk boundaries, positions, row padding and
+kernels are the same). Newest job first; at most ``warm_turns`` jobs are kept (the oldest is
+dropped). An answer that arrives meanwhile, or a job queued on the compute thread, stops the
+warm chunk in progress at its next layer (``StepContext.abort``; the chunk's partial K/V are
+dropped with the job's buffer, nothing partial is stored) and the job is set aside: its stored
+blocks stay, and it resumes from them later. So an arrival waits one layer of one chunk, not a
+chunk (a 256-token chunk is about 0.6 s on a 2-core CPU). Its stores
+go through :meth:`BlockPrefixCache.insert` like any answer's: within the budget, least recently
+used unpinned blocks evicted first, pinned blocks never. :attr:`Engine.warm_tokens` and the
+cache's ``warm_tokens`` count the tokens it computed.
 """
 
 from __future__ import annotations
@@ -75,12 +96,19 @@ from generation.engine.messages import (
     Token,
 )
 from generation.engine.request import Request
-from generation.engine.runner import ModelRunner
+from generation.engine.runner import ModelRunner, StepAborted
 from generation.engine.scheduler import StepPlan, admissions, schedule
 from generation.sampling import mask_ids
 
 #: Engine steps the step log keeps (:meth:`Engine.recent_steps`): a few seconds of steps.
 STEP_LOG = 256
+#: Finished turns whose tails the engine keeps to warm when the setting is on (module docstring).
+DEFAULT_WARM_TURNS = 8
+
+
+def _no_token(logits: Any) -> int:
+    """A warm job's sampler: it never chooses a token (``Engine._update`` skips it)."""
+    raise AssertionError("a warm job chooses no token")
 
 
 def _order(req: Request) -> int:
@@ -124,6 +152,8 @@ class Engine:
             longest cached chain of its blocks at admission and stores every block it computes.
         pad_rows: False runs steps unpadded (:class:`generation.engine.runner.ModelRunner`'s
             ``pad``; the int8 precision).
+        warm_turns: finished turns whose tails are kept to prefill while idle (module docstring,
+            "Warm work"); 0 turns warm work off. Needs ``prefix_cache``.
     """
 
     def __init__(self, model: Any, device: str, lock: threading.Lock,
@@ -132,7 +162,7 @@ class Engine:
                  max_running: int, step_token_budget: int, fixed_rows: int | None = None,
                  prefix_known: Callable[[list[int]], bool] | None = None,
                  threads: int | None = None, prefix_cache: BlockPrefixCache | None = None,
-                 pad_rows: bool = True) -> None:
+                 pad_rows: bool = True, warm_turns: int = 0) -> None:
         self.lock = lock
         self.runner = ModelRunner(model, device, fixed_rows, threads, pad_rows)
         self.kv_cache = KVCache(prefix_lookup, prefix_store, prefix_known, prefix_cache)
@@ -148,6 +178,14 @@ class Engine:
         self._log: deque[StepRecord] = deque(maxlen=STEP_LOG)
         self._log_lock = threading.Lock()
         self._stop = False
+        self.warm_turns = max(0, int(warm_turns)) if prefix_cache is not None else 0
+        self._warm: deque[tuple[list[int], int, int]] = deque(maxlen=max(1, self.warm_turns))
+        self._warm_seq: Request | None = None  # the warm job in progress (compute thread only)
+        self._warm_taking = False  # a warm job is being admitted (taken from the queue)
+        self.warm_steps = 0  # steps that ran warm work
+        self.warm_tokens = 0  # tokens they computed
+        self.warm_set_aside = 0  # warm jobs set aside for an answer that arrived
+        self.warm_log: deque[tuple[float, float]] = deque(maxlen=STEP_LOG)  # (start, end) per warm step
         # Cancel what is left before the interpreter finalises: the compute thread must not be
         # inside torch at exit, which aborts the process ("terminate called without an active
         # exception").
@@ -262,7 +300,8 @@ class Engine:
     def step_once(self) -> bool:
         """One step of the running batch; the compute thread calls it between jobs
         (``foundation.compute``). Admits waiting answers up to ``max_running``, drops those
-        whose consumer left, runs one forward. Returns True while answers remain."""
+        whose consumer left, runs one forward; with no answer running or waiting, one step of
+        warm work instead (module docstring). Returns True while answers or warm work remain."""
         with self._state:
             if self._stop:  # closed (or process exit): every answer still here ends as cancelled
                 self._cancel_all()
@@ -273,6 +312,11 @@ class Engine:
             for _ in range(admissions(len(self._running), len(self._waiting), self.max_running)):
                 self._running.append(self._waiting.popleft())
             batch = list(self._running)
+            if batch and self._warm_seq is not None:  # an answer arrived: warm work yields
+                self._set_warm_aside()
+            warm = not batch and not self._waiting and self._warm_pending()
+        if warm:
+            self._warm_step()
         for seq in batch:
             if seq.admitted_t is None and not self._gone(seq):
                 try:
@@ -293,7 +337,7 @@ class Engine:
                 if self._gone(seq) and not seq.done:
                     self._finish(seq, "cancelled")
             self._running = [s for s in self._running if not s.done]
-            return bool(self._waiting or self._running)
+            return bool(self._waiting or self._running or self._warm_pending())
 
     def _cancel_all(self) -> None:
         with self._state:
@@ -302,6 +346,8 @@ class Engine:
                     self._finish(seq, "cancelled")
             self._waiting.clear()
             self._running = []
+            self._warm.clear()
+            self._warm_seq = None
             attached, self._attached = self._attached, False
         if attached:
             compute().detach(self)
@@ -316,12 +362,15 @@ class Engine:
         seq.kv = None
         if seq.pin is not None:  # ended before its admission (cancelled, failed): no leak
             seq.pin.release()
+        if reason in ("stop", "length") and seq.tail_ids is not None and not self._gone(seq):
+            self._queue_warm(seq)  # before its reader sees the end: warm_pending() says so then
         seq.out.put(Finished(reason, exc))
 
     def _admit(self, seq: Request) -> None:
         admitted_t = time.perf_counter()
         try:
-            got = self.kv_cache.admit(seq.prompt, seq.prefix_len, seq.max_new, seq.chunk)
+            got = self.kv_cache.admit(seq.prompt, seq.prefix_len, seq.max_new, seq.chunk,
+                                      count=not seq.warm)
         finally:  # the chain is loaded (or the admission failed): the pin has done its work
             if seq.pin is not None:
                 seq.pin.release()
@@ -333,13 +382,14 @@ class Engine:
                 seq.first_logits = got.first_logits
         seq.out.put(Admitted(admitted_t, got.cached_tokens))
 
-    def step(self, live: list[Request]) -> None:
+    def step(self, live: list[Request], abort: Callable[[], bool] | None = None) -> None:
         """One step of exactly the admitted answers ``live`` on the caller's thread (the compute
         thread, model lock held): ``plan = schedule(live)``, ``logits = runner.run(plan, live)``,
         then :meth:`_update` (positions, scaffolds stored, tokens emitted); logged in
         :meth:`recent_steps`. A prompt the prefix cache held whole takes its first token from
         the cache's logits first. Raises whatever the forward raises (every answer in
-        the step ends with it: :meth:`step_once`)."""
+        the step ends with it: :meth:`step_once`). ``abort``: see
+        :meth:`generation.engine.runner.ModelRunner.run` (warm work only)."""
         t0 = time.perf_counter()
         for seq in live:  # a prompt cached whole: first token from the cached logits
             if seq.first_logits is not None:
@@ -349,7 +399,7 @@ class Engine:
         plan = schedule(live, self.step_token_budget)
         if not plan.chunks:
             return
-        logits = self.runner.run(plan, live)
+        logits = self.runner.run(plan, live) if abort is None else self.runner.run(plan, live, abort)
         self.steps += 1
         self.peak_rows_answers = max(self.peak_rows_answers, len(plan.chunks))
         self._update(plan, live, logits)
@@ -377,7 +427,7 @@ class Engine:
                 except Exception as exc:  # storing this answer's KV failed: it alone ends
                     self._finish(seq, "error", exc)
                     continue
-            if lg is None or seq.in_prefill():
+            if lg is None or seq.in_prefill() or seq.warm:
                 continue
             self._choose(seq, lg)
 
@@ -410,7 +460,128 @@ class Engine:
             self._finish(seq, "stop")
             return
         seq.out.put(Token(tok, t))
+        seq.output.append(tok)
         seq.produced += 1
         seq.next_tok = tok
         if seq.produced >= seq.max_new:
             self._finish(seq, "length")
+
+    # --- warm work (module docstring, "Warm work"; compute thread only) -----------------
+    def _warm_pending(self) -> bool:
+        """True while a warm job is in progress or kept (``_state`` held or not needed)."""
+        return self._warm_seq is not None or self._warm_taking or bool(self.warm_turns and self._warm)
+
+    def warm_pending(self) -> bool:
+        """True while warm work is queued or in progress (module docstring, "Warm work")."""
+        with self._state:
+            return self._warm_pending()
+
+    def warm_queue(self) -> list[int]:
+        """Tokens of each queued warm job, newest (next to run) first; the job in progress, set
+        aside or not, is not listed while it runs."""
+        with self._state:
+            return [len(ids) for ids, _, _ in reversed(self._warm)]
+
+    def queue_warm(self, ids: list[int], prefix_len: int, chunk: int) -> bool:
+        """Queue a warm job over ``ids`` (scaffold ``ids[:prefix_len]``, prefilled in chunks of
+        ``chunk``) cut down to its last whole block: its blocks are computed while the engine is
+        idle and stored in the prefix cache (module docstring). The oldest job drops out when
+        ``warm_turns`` are queued. Returns False (nothing queued) when warm work is off or the
+        cut leaves no block.
+
+        Raises:
+            ValueError: ``chunk < 1`` or ``prefix_len`` outside ``[0, len(ids)]``.
+        """
+        if chunk < 1 or not 0 <= prefix_len <= len(ids):
+            raise ValueError(f"bad warm job: chunk={chunk} prefix_len={prefix_len} n={len(ids)}")
+        end = prefix_len + (len(ids) - prefix_len) // chunk * chunk
+        if not self.warm_turns or end <= 0:
+            return False
+        with self._state:
+            self._warm.append((list(ids[:end]), prefix_len, chunk))  # the oldest drops out
+            attach = not self._attached and not self._stop
+            self._attached = self._attached or attach
+        if attach:
+            compute().attach(self)
+        elif not compute().is_current():
+            compute().wake()
+        return True
+
+    def _queue_warm(self, seq: Request) -> None:
+        """Keep a warm job for the answer ``seq`` that just ended normally: ``prompt + output +
+        tail_ids`` (the tail's first id left out when the output already ends with it, as
+        ``PromptBuilder.continuation_ids`` does) cut down to its last whole block; nothing when
+        that adds no block past the prompt's own."""
+        if not self.warm_turns or seq.blocks is None or seq.tail_ids is None:
+            return
+        tail = list(seq.tail_ids)
+        if seq.output and tail and seq.output[-1] == tail[0]:
+            tail = tail[1:]
+        ids = [*seq.prompt, *seq.output, *tail]
+        end = seq.prefix_len + (len(ids) - seq.prefix_len) // seq.chunk * seq.chunk
+        if end > (seq.blocks.ends[-1] if len(seq.blocks) else 0):
+            self.queue_warm(ids, seq.prefix_len, seq.chunk)
+
+    def _warm_yields(self) -> bool:
+        """Asked at every layer of a warm step: True once an answer waits or a compute job is
+        queued (the step then stops between layers and the job is set aside)."""
+        return bool(self._waiting) or compute().pending() > 0
+
+    def _set_warm_aside(self) -> None:
+        """An answer arrived: the warm job in progress goes back to the queue's newest end, its
+        buffer freed (the blocks it stored stay cached; it resumes from them). ``_state`` held."""
+        seq, self._warm_seq = self._warm_seq, None
+        if seq is not None and not seq.done:
+            self._warm.append((seq.prompt, seq.prefix_len, seq.chunk))
+            self.warm_set_aside += 1
+
+    def _warm_step(self) -> None:
+        """One prefill chunk of the newest warm job (taken and admitted first when none is in
+        progress): one engine step of that job alone, its full blocks stored as an answer's
+        are. A job whose last block is cached already is dropped without a step; a failure
+        drops the job alone."""
+        seq = self._warm_seq
+        cache = self.kv_cache.blocks
+        if seq is None:
+            with self._state:
+                if not self._warm or cache is None:
+                    return
+                ids, prefix_len, chunk = self._warm.pop()
+                self._warm_taking = True  # neither queued nor in progress: warm_pending() holds
+            try:
+                seq = Request(prompt=ids, prefix_len=prefix_len, max_new=1, chunk=chunk,
+                              select=_no_token, eos=frozenset(), warm=True)
+                if cache.has(cache.plan(ids, prefix_len, chunk).keys[-1]):
+                    return  # held whole already (a follow-up, or an earlier warm job, stored it)
+                self._admit(seq)
+                if seq.in_prefill():
+                    self._warm_seq = seq
+            except Exception:  # a failed lookup drops this job alone
+                return
+            finally:
+                self._warm_taking = False
+            if self._warm_seq is None:
+                return
+        before, t0 = seq.pos, time.perf_counter()
+        try:
+            with self.lock:
+                self.step([seq], abort=self._warm_yields)
+        except StepAborted:  # an answer or a job arrived mid-chunk: the chunk is dropped
+            with self._state:
+                self._set_warm_aside()
+            self.warm_log.append((t0, time.perf_counter()))
+            return
+        except Exception:  # the model failed on warm work: drop the job, answers are not touched
+            seq.done = True
+        self.warm_log.append((t0, time.perf_counter()))
+        self.warm_steps += 1
+        self.warm_tokens += seq.pos - before
+        if cache is not None:
+            cache.count_warm(seq.pos - before)
+        plan = seq.blocks
+        index = plan.ending_at(seq.pos) if plan is not None else None
+        if plan is not None and index is not None and cache is not None and not cache.has(plan.keys[index]):
+            seq.done = True  # the cache kept no room for it (pins, budget): computing on stores nothing
+        if seq.done or not seq.in_prefill():
+            seq.kv = None
+            self._warm_seq = None

@@ -138,11 +138,12 @@ class KVCache:
         self.lookup, self.store, self.known = lookup, store, known
         self.blocks = blocks
 
-    def admit(self, prompt: list[int], prefix_len: int, max_new: int, chunk: int) -> Admission:
+    def admit(self, prompt: list[int], prefix_len: int, max_new: int, chunk: int, *,
+              count: bool = True) -> Admission:
         """A KV buffer for a ``prompt`` that may produce ``max_new`` tokens (room for
         ``len(prompt) + max_new + 1`` positions), prefilled in chunks of ``chunk``: with the
         block cache, its longest cached chain loaded; else its first ``prefix_len`` tokens
-        when the scaffold store holds them.
+        when the scaffold store holds them. ``count`` False: not counted as a lookup (warm work).
 
         Raises:
             Exception: whatever the lookup or the copy raises (the core ends that answer alone).
@@ -150,7 +151,7 @@ class KVCache:
         kv = SeqKV(len(prompt) + max_new + 1)
         if self.blocks is not None:
             plan = self.blocks.plan(prompt, prefix_len, chunk)
-            got, cached, logits = self.blocks.match(plan, len(prompt))
+            got, cached, logits = self.blocks.match(plan, len(prompt), count=count)
             kv.load_blocks(got)
             return Admission(kv, cached, logits, plan, len(got))
         cached, first_logits = 0, None

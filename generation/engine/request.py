@@ -27,6 +27,13 @@ class Request:
     than ``min_new`` tokens were produced, the ``eos`` ids are masked out of that row first
     (``-inf``). ``ignore_eos``: an ``eos`` token is output like any other and the answer
     goes on to ``max_new`` (vLLM's ``min_tokens`` and ``ignore_eos``).
+
+    ``tail_ids``: the ids a follow-up turn places right after this answer's output (the end of
+    the turn and the next user header; ``()`` when not known): when set, an answer that ends
+    normally (an end-of-text token or ``max_new``) leaves the engine a warm job over
+    ``prompt + output + tail_ids`` (``generation.engine.core``, "Warm work"); None: none.
+    ``output`` collects the ids it emitted. ``warm``: this request is such a warm job (it
+    chooses no token; its blocks go to the prefix cache).
     """
 
     prompt: list[int]
@@ -52,6 +59,9 @@ class Request:
     blocks: BlockPlan | None = None  # its prefix-cache blocks (set at admission)
     cached_blocks: int = 0  # of which loaded from the cache
     pin: Pin | None = None  # its planned chain, held until admission (taken at Engine.submit)
+    tail_ids: tuple[int, ...] | None = None  # what a follow-up places after the output (warm job)
+    output: list[int] = field(default_factory=list)  # ids emitted so far
+    warm: bool = False  # a warm job: prefill only, its blocks stored, no token chosen
 
     @property
     def prompt_len(self) -> int:

@@ -11,13 +11,15 @@ core's job. The calibration timers (``generation.local``) time steps through thi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from foundation.compute import torch_threads
 from generation.engine.request import Request
 from generation.engine.scheduler import StepPlan, padded_rows
-from generation.packed_attention import Segment, StepContext
+from generation.packed_attention import Segment, StepAborted, StepContext
+
+__all__ = ["ModelRunner", "StepAborted"]
 
 
 class ModelRunner:
@@ -46,9 +48,12 @@ class ModelRunner:
         """Rows a call of ``n`` real rows runs with (``n`` itself when not padding)."""
         return padded_rows(n, self.fixed_rows) if self.pad else n
 
-    def run(self, plan: StepPlan, requests: Sequence[Request]) -> Any:
+    def run(self, plan: StepPlan, requests: Sequence[Request],
+            abort: Callable[[], bool] | None = None) -> Any:
         """Run ``plan`` (made by ``schedule(requests, ...)``): logits of its rows that need
-        them, in plan order, ``(plan.logit_rows, vocab)``.
+        them, in plan order, ``(plan.logit_rows, vocab)``. ``abort``, asked at every layer
+        (:class:`generation.packed_attention.StepContext`), may stop the forward with
+        :class:`generation.packed_attention.StepAborted`.
 
         Every answer in the plan must hold its KV buffer (admitted). The step runs with
         ``padded_rows(plan.tokens)`` rows (padding rows: token 0 at position 0; no padding when
@@ -76,7 +81,7 @@ class ModelRunner:
         # count); a step that only prefills (no row needs logits) skips it.
         keep = (logit_rows + [logit_rows[0]] * (self._rows(len(logit_rows)) - len(logit_rows))
                 if logit_rows else [])
-        return self.forward(ids, positions, keep, StepContext(segments))
+        return self.forward(ids, positions, keep, StepContext(segments, abort))
 
     def forward(self, ids: list[int], positions: list[int], keep: list[int],
                 ctx: StepContext) -> Any:

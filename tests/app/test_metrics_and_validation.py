@@ -78,6 +78,7 @@ def _filled_cache(budget_mib: float) -> Any:
 
 def test_prefix_cache_counters_and_memory_are_exposed_per_engine():
     cache = _filled_cache(budget_mib=1)
+    cache.count_warm(64)  # tokens the engine's warm work computed
     st = cache.stats()
     assert (st.lookups, st.hits, st.cached_tokens, st.stored, st.evicted) == (2, 1, 4, 3, 0)
     m = AnswerMetrics()
@@ -88,6 +89,7 @@ def test_prefix_cache_counters_and_memory_are_exposed_per_engine():
     assert 'ragbudget_prefix_cache_hits_total{engine="local-a"} 1.0' in text
     assert 'ragbudget_prefix_cache_tokens_total{engine="local-a"} 4.0' in text
     assert 'ragbudget_prefix_cache_blocks_stored_total{engine="local-a"} 3.0' in text
+    assert 'ragbudget_prefix_cache_warm_tokens_total{engine="local-a"} 64.0' in text
     assert 'ragbudget_prefix_cache_blocks{engine="local-a"} 3.0' in text
     assert _sample(text, "ragbudget_prefix_cache_bytes", "local-a") == st.bytes == 3 * 576
     assert _sample(text, "ragbudget_prefix_cache_budget_bytes", "local-a") == 1 << 20

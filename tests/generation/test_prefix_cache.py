@@ -90,6 +90,19 @@ def test_the_longest_cached_chain_is_loaded_and_a_whole_prompt_needs_its_logits(
     assert (st.lookups, st.hits, st.cached_tokens, st.stored) == (2, 2, 18, 3)
 
 
+def test_a_warm_lookup_loads_the_chain_without_counting_as_an_answers_lookup() -> None:
+    c = cache(chunk=4)
+    a = [1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23, 5]
+    keys = fill(c, a, 3)
+    other = fill(c, [7, 8, 9, 30, 31, 32, 33], 3)  # more recent than a's chain
+    got, cached, _ = c.match(c.plan(a, 3, 4), len(a), count=False)
+    assert cached == 11 and [g.key for g in got] == keys
+    assert c.lru_keys()[-len(keys):] == keys[::-1] and c.lru_keys()[0] == other[-1]  # a's chain touched
+    c.count_warm(8)
+    st = c.stats()
+    assert (st.lookups, st.hits, st.cached_tokens, st.warm_tokens) == (0, 0, 0, 8)
+
+
 def test_a_block_whose_parent_is_not_cached_is_refused() -> None:
     c = cache(chunk=4)
     plan = c.plan([1, 2, 3, 10, 11, 12, 13], 3, 4)
