@@ -132,11 +132,13 @@ class Settings(BaseSettings):
                                               "token blocks shared by answers: the scaffold, "
                                               "leading chunks, earlier turns; least recently used "
                                               "leaf blocks are evicted first; 0 keeps nothing).")
-    generator_warm_turns: int = Field(8, ge=0, le=256, description="Local engine: finished answers "
+    generator_warm_turns: int = Field(0, ge=0, le=256, description="Local engine: finished answers "
                                       "whose tails (prompt, output, end of turn) the engine "
                                       "prefills into the prefix cache while it has nothing else to "
                                       "run, newest first, so a follow-up loads the earlier answer "
-                                      "too (docs/engines.md, 'Follow-up turns'); 0 turns it off.")
+                                      "too (docs/engines.md, 'Follow-up turns'); 0 (the default) turns it "
+                                      "off: with 256-token chunks a short answer rarely fills a "
+                                      "block, so it added nothing where measured; e.g. 8.")
     remote_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. "
                                         "http://127.0.0.1:8001/v1 (vLLM, SGLang).")
     remote_model: str | None = None
