@@ -23,21 +23,12 @@ from app.prompting.prompt import DEFAULT_SCAFFOLD_TEXT, PromptBuilder, PromptChu
 from foundation.compute import call as compute_call
 from generation.base import GenParams
 from generation.engine.kv_cache import BlockPrefixCache
+from tests.generation.test_kv_reuse import PARAGRAPHS  # the same three paragraphs first
 
 pytestmark = pytest.mark.slow
 
 CHUNK = 32
 FIRST_NEW = 45  # the earlier answer's tokens: more than one block of them
-PARAGRAPHS = [
-    "The pump station is inspected on the first Monday of every month. The engineer on duty "
-    "records the pressure at each valve, checks the filters and writes the readings into the "
-    "station log before noon.",
-    "Valves are replaced every five years, or earlier when a pressure test shows a leak above "
-    "two percent. Replacement parts are ordered from the regional depot and fitted by two "
-    "technicians.",
-    "The backup generator starts automatically when the mains supply fails for more than ten "
-    "seconds. It runs on diesel and its tank holds enough fuel for three days of operation.",
-]
 
 
 @pytest.fixture(scope="module")
