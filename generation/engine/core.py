@@ -102,8 +102,12 @@ from generation.sampling import mask_ids
 
 #: Engine steps the step log keeps (:meth:`Engine.recent_steps`): a few seconds of steps.
 STEP_LOG = 256
-#: Finished turns whose tails the engine keeps to warm when the setting is on (module docstring).
-DEFAULT_WARM_TURNS = 8
+
+
+def _whole_blocks_end(n: int, prefix_len: int, chunk: int) -> int:
+    """End of the last whole block of ``n`` ids whose blocks start at ``prefix_len`` in steps of
+    ``chunk`` (the block grid of :mod:`generation.engine.block_cache`)."""
+    return prefix_len + (n - prefix_len) // chunk * chunk
 
 
 def _no_token(logits: Any) -> int:
@@ -494,7 +498,7 @@ class Engine:
         """
         if chunk < 1 or not 0 <= prefix_len <= len(ids):
             raise ValueError(f"bad warm job: chunk={chunk} prefix_len={prefix_len} n={len(ids)}")
-        end = prefix_len + (len(ids) - prefix_len) // chunk * chunk
+        end = _whole_blocks_end(len(ids), prefix_len, chunk)
         if not self.warm_turns or end <= 0:
             return False
         with self._state:
@@ -518,7 +522,7 @@ class Engine:
         if seq.output and tail and seq.output[-1] == tail[0]:
             tail = tail[1:]
         ids = [*seq.prompt, *seq.output, *tail]
-        end = seq.prefix_len + (len(ids) - seq.prefix_len) // seq.chunk * seq.chunk
+        end = _whole_blocks_end(len(ids), seq.prefix_len, seq.chunk)
         if end > (seq.blocks.ends[-1] if len(seq.blocks) else 0):
             self.queue_warm(ids, seq.prefix_len, seq.chunk)
 
